@@ -1,0 +1,1 @@
+"""queue_client: what a training script imports to read batches from a batchqueue server."""

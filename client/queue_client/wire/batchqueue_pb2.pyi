@@ -1,0 +1,229 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReleaseOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RELEASE_OUTCOME_UNSPECIFIED: _ClassVar[ReleaseOutcome]
+    CONSUMED: _ClassVar[ReleaseOutcome]
+    RETURNED: _ClassVar[ReleaseOutcome]
+    CORRUPT: _ClassVar[ReleaseOutcome]
+RELEASE_OUTCOME_UNSPECIFIED: ReleaseOutcome
+CONSUMED: ReleaseOutcome
+RETURNED: ReleaseOutcome
+CORRUPT: ReleaseOutcome
+
+class ListDatasetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDatasetsResponse(_message.Message):
+    __slots__ = ("datasets",)
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    datasets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, datasets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetMetaRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class GetMetaResponse(_message.Message):
+    __slots__ = ("dataset", "meta_json", "training_type", "batch_size", "batches_per_file", "data_root", "mode", "splits", "lease_ttl_ms")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    META_JSON_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_PER_FILE_FIELD_NUMBER: _ClassVar[int]
+    DATA_ROOT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SPLITS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    meta_json: str
+    training_type: str
+    batch_size: int
+    batches_per_file: int
+    data_root: str
+    mode: str
+    splits: _containers.RepeatedScalarFieldContainer[str]
+    lease_ttl_ms: int
+    def __init__(self, dataset: _Optional[str] = ..., meta_json: _Optional[str] = ..., training_type: _Optional[str] = ..., batch_size: _Optional[int] = ..., batches_per_file: _Optional[int] = ..., data_root: _Optional[str] = ..., mode: _Optional[str] = ..., splits: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class GetSchemaRequest(_message.Message):
+    __slots__ = ("dataset", "split")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    split: str
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ...) -> None: ...
+
+class FieldSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "role")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    role: str
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., role: _Optional[str] = ...) -> None: ...
+
+class GetSchemaResponse(_message.Message):
+    __slots__ = ("dataset", "split", "batch_size", "fields")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    split: str
+    batch_size: int
+    fields: _containers.RepeatedCompositeFieldContainer[FieldSpec]
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., batch_size: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class RankStats(_message.Message):
+    __slots__ = ("rank", "last_consumed_seq", "files_leased", "lag_files")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LAST_CONSUMED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FILES_LEASED_FIELD_NUMBER: _ClassVar[int]
+    LAG_FILES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    last_consumed_seq: int
+    files_leased: int
+    lag_files: int
+    def __init__(self, rank: _Optional[int] = ..., last_consumed_seq: _Optional[int] = ..., files_leased: _Optional[int] = ..., lag_files: _Optional[int] = ...) -> None: ...
+
+class SplitStats(_message.Message):
+    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files")
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    PRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FILES_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FILES_FIELD_NUMBER: _ClassVar[int]
+    READY_FILES_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FILES_FIELD_NUMBER: _ClassVar[int]
+    LEASES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    PRODUCED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKLOG_FILES_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    REPRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
+    split: str
+    produced_files: int
+    consumed_files: int
+    quarantined_files: int
+    ready_files: int
+    leased_files: int
+    leases_expired: int
+    produced_bytes: int
+    worker_restarts: int
+    max_backlog_files: int
+    world_size: int
+    next_seq: int
+    ranks: _containers.RepeatedCompositeFieldContainer[RankStats]
+    reproduced_files: int
+    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ...) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("dataset", "state", "last_error", "splits")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SPLITS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    state: str
+    last_error: str
+    splits: _containers.RepeatedCompositeFieldContainer[SplitStats]
+    def __init__(self, dataset: _Optional[str] = ..., state: _Optional[str] = ..., last_error: _Optional[str] = ..., splits: _Optional[_Iterable[_Union[SplitStats, _Mapping]]] = ...) -> None: ...
+
+class AcquireLeaseRequest(_message.Message):
+    __slots__ = ("dataset", "split", "rank", "world_size", "client_id", "seq", "wait_ms")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    split: str
+    rank: int
+    world_size: int
+    client_id: str
+    seq: int
+    wait_ms: int
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("lease_id", "dataset", "split", "seq", "path", "num_batches", "batch_size", "size_bytes", "crc32", "ttl_ms", "rank", "world_size")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    dataset: str
+    split: str
+    seq: int
+    path: str
+    num_batches: int
+    batch_size: int
+    size_bytes: int
+    crc32: int
+    ttl_ms: int
+    rank: int
+    world_size: int
+    def __init__(self, lease_id: _Optional[str] = ..., dataset: _Optional[str] = ..., split: _Optional[str] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., num_batches: _Optional[int] = ..., batch_size: _Optional[int] = ..., size_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+
+class ReleaseLeaseRequest(_message.Message):
+    __slots__ = ("lease_id", "client_id", "outcome", "reason")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    client_id: str
+    outcome: ReleaseOutcome
+    reason: str
+    def __init__(self, lease_id: _Optional[str] = ..., client_id: _Optional[str] = ..., outcome: _Optional[_Union[ReleaseOutcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReleaseLeaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RenewLeasesRequest(_message.Message):
+    __slots__ = ("client_id", "lease_ids")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RenewLeasesResponse(_message.Message):
+    __slots__ = ("lost_lease_ids", "ttl_ms")
+    LOST_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    lost_lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    ttl_ms: int
+    def __init__(self, lost_lease_ids: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...

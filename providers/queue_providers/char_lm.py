@@ -1,0 +1,108 @@
+"""char_lm: nanoGPT's shakespeare_char as a provider.
+
+The vocabulary is every character of the text (sorted), the first `train_fraction` of the
+text is train and the rest val, and each batch is `batch_size` random windows of block_size+1
+characters split into x and y. With no `input`, the text is the source of Python's own standard
+library, which exists wherever Python does, so the default dataset needs no download.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from queue_client.errors import ConfigError
+from queue_providers.base import DataProviderBase, ProviderContext
+
+# The first stdlib modules in sorted order, up to this many characters: big enough to train
+# a tiny model, small enough to load in well under a second.
+STDLIB_TEXT_CHARS = 2_000_000
+
+
+def stdlib_text(max_chars: int = STDLIB_TEXT_CHARS) -> str:
+    """Deterministic text from the running Python's standard library sources."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[str] = []
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        parts.append(text)
+        total += len(text)
+        if total >= max_chars:
+            break
+    text = "".join(parts)[:max_chars]
+    if not text:
+        raise ConfigError(f"no readable .py files under the standard library at {root}")
+    return text
+
+
+class CharLMProvider(DataProviderBase):
+    """Random windows of a character-level corpus, x = chars[i:i+T], y = chars[i+1:i+T+1]."""
+
+    def __init__(
+        self,
+        context: ProviderContext,
+        *,
+        block_size: int = 256,
+        input: str | None = None,
+        train_fraction: float = 0.9,
+    ) -> None:
+        super().__init__(context)
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
+        if not 0.0 < train_fraction < 1.0:
+            raise ConfigError(f"train_fraction must lie in (0, 1), got {train_fraction!r}")
+        self.block_size = block_size
+        if input is None:
+            text, self.source = stdlib_text(), "python-stdlib"
+        else:
+            path = Path(input).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"char_lm input {str(path)!r} is not a file")
+            text, self.source = path.read_text(encoding="utf-8", errors="replace"), str(path)
+        chars = sorted(set(text))
+        self.stoi = {ch: i for i, ch in enumerate(chars)}
+        self.itos = dict(enumerate(chars))
+        codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.searchsorted(np.array([ord(c) for c in chars], dtype=np.uint32), codepoints)
+        n_train = int(len(ids) * train_fraction)
+        self.data = {
+            "train": torch.from_numpy(ids[:n_train].astype(np.int64)),
+            "val": torch.from_numpy(ids[n_train:].astype(np.int64)),
+        }
+        for split, data in self.data.items():
+            if len(data) <= block_size:
+                raise ConfigError(
+                    f"char_lm {split} split has {len(data)} characters, fewer than block_size+1="
+                    f"{block_size + 1}: use more text or a smaller block_size"
+                )
+        self._offsets = torch.arange(block_size + 1)
+
+    def build_meta(self) -> dict[str, Any]:
+        t = self.block_size
+        return {
+            "training_type": "LM",
+            "vocab_size": len(self.stoi),
+            "block_size": t,
+            "stoi": self.stoi,
+            "itos": self.itos,
+            "source": self.source,
+            "batch_schema": [
+                {"name": "x", "dtype": "int64", "shape": [t], "role": "input"},
+                {"name": "y", "dtype": "int64", "shape": [t], "role": "target"},
+            ],
+            "split_info": {split: {"tokens": len(d)} for split, d in self.data.items()},
+        }
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        data = self.data[split]
+        starts = torch.randint(len(data) - self.block_size, (self.batch_size, 1), generator=rng)
+        windows = data[starts + self._offsets]
+        return {"x": windows[:, :-1].contiguous(), "y": windows[:, 1:].contiguous()}
