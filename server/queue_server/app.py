@@ -1,0 +1,135 @@
+"""The server's lifecycle: create and bind, serve, then a staged shutdown.
+
+Shutdown order: health goes NOT_SERVING (load balancers and probes stop sending work), the
+gRPC server stops with a grace period (calls in flight finish), then the datasets stop their
+worker processes and close their journals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_server.auth import TokenInterceptor
+from queue_server.config import ServerConfig, parse_listen
+from queue_server.dataset import SERVING, DatasetRuntime
+from queue_server.servicer import BatchQueueServicer
+
+log = logging.getLogger("queue_server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BatchQueue"].full_name
+# Requests are small; anything near this is abuse. Replies carry meta, which may hold a vocab.
+MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+MAX_SEND_BYTES = 64 * 1024 * 1024
+
+
+def health_name(dataset: str) -> str:
+    """The health service name of one dataset: NOT_SERVING while it starts or after it failed."""
+    return f"{SERVICE_NAME}/{dataset}"
+
+
+class QueueServer:
+    def __init__(self, config: ServerConfig) -> None:
+        root = Path(config.data_root).expanduser().resolve()
+        self.config = replace(config, data_root=root)
+        self.health = health.aio.HealthServicer()
+        self.datasets = {d.name: DatasetRuntime(d, self.config, self._on_dataset_state) for d in config.datasets}
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.address = ""
+
+    def _on_dataset_state(self, runtime: DatasetRuntime) -> None:
+        asyncio.get_running_loop().create_task(self._publish_health())
+
+    async def _publish_health(self) -> None:
+        states = [rt.state for rt in self.datasets.values()]
+        overall = all(s == SERVING for s in states)
+        status = health_pb2.HealthCheckResponse
+        for name, rt in self.datasets.items():
+            await self.health.set(health_name(name), status.SERVING if rt.state == SERVING else status.NOT_SERVING)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status.SERVING if overall else status.NOT_SERVING)
+
+    async def start(self) -> str:
+        """Bind, start serving, and start every dataset in the background; returns the address."""
+        cfg = self.config
+        listen = parse_listen(cfg.listen)
+        if not listen.is_loopback:
+            log.warning(
+                "listening on %s, which is reachable from other hosts%s",
+                cfg.listen,
+                "" if cfg.auth_token else "; set server.auth_token so that only your trainers can lease files",
+            )
+        interceptors = [TokenInterceptor(cfg.auth_token)] if cfg.auth_token else []
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                ("grpc.max_send_message_length", MAX_SEND_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        servicer = BatchQueueServicer(self.datasets, str(cfg.data_root), cfg.lease_ttl_s, cfg.acquire_wait_s)
+        pb_grpc.add_BatchQueueServicer_to_server(servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        if listen.unix_path:
+            Path(listen.unix_path).unlink(missing_ok=True)
+            old = os.umask(0o777 & ~cfg.unix_socket_mode)  # the socket is born with its final mode
+            try:
+                server.add_insecure_port(listen.grpc_target)
+            finally:
+                os.umask(old)
+            self.address = listen.grpc_target
+        else:
+            port = server.add_insecure_port(listen.grpc_target)
+            if port == 0:
+                raise OSError(f"cannot listen on {cfg.listen}: the address is in use or not available")
+            self.address = f"{listen.host}:{port}"
+        await self._publish_health()
+        await server.start()
+        self._server = server
+        for runtime in self.datasets.values():
+            self._tasks.append(asyncio.get_running_loop().create_task(runtime.start()))
+        log.info("batchqueue serving %s on %s (data root %s)", sorted(self.datasets), self.address, cfg.data_root)
+        return self.address
+
+    async def wait_ready(self) -> None:
+        await asyncio.gather(*(rt.ready.wait() for rt in self.datasets.values()))
+
+    async def wait_closed(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.gather(*(rt.close() for rt in self.datasets.values()), return_exceptions=True)
+        listen = parse_listen(self.config.listen)
+        if listen.unix_path:
+            Path(listen.unix_path).unlink(missing_ok=True)
+
+
+async def create_server(config: ServerConfig) -> tuple[QueueServer, str]:
+    """Start a server; returns it and the address it is bound to (port 0 picks a free one)."""
+    server = QueueServer(config)
+    address = await server.start()
+    return server, address

@@ -1,0 +1,91 @@
+"""`queue-server`: serve the datasets of a TOML config (the embedded default without one)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from queue_client.errors import ConfigError
+from queue_server.app import QueueServer
+from queue_server.config import ServerConfig, load_config, parse_listen
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="queue-server", description=__doc__)
+    p.add_argument("--config", type=Path, help="TOML config (default: the embedded stdlib_char dataset)")
+    p.add_argument("--data-root", type=Path, help="where dataset dirs live (overrides server.data_root)")
+    p.add_argument("--listen", help="HOST:PORT or unix:PATH (overrides server.listen; default 127.0.0.1:50051)")
+    p.add_argument("--ready-file", type=Path, help="write {address, pid} here as JSON once bound (for scripts)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log one line per produced file")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> ServerConfig:
+    config = load_config(args.config)
+    overrides: dict[str, object] = {"verbose": args.verbose}
+    if args.data_root is not None:
+        overrides["data_root"] = args.data_root.expanduser().resolve()
+    if args.listen is not None:
+        parse_listen(args.listen)
+        overrides["listen"] = args.listen
+    return replace(config, **overrides)
+
+
+async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
+    server = QueueServer(config)
+    address = await server.start()
+    if ready_file is not None:
+        tmp = ready_file.with_name(ready_file.name + ".tmp")
+        tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+        os.replace(tmp, ready_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        logging.getLogger("queue_server").info("shutting down")
+        await server.stop()
+
+
+def run(coro: object) -> None:
+    """Run on uvloop where it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported OS
+        asyncio.run(coro)  # type: ignore[arg-type]
+        return
+    uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        print(f"queue-server: config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run(_serve(config, args.ready_file))
+    except OSError as exc:
+        print(f"queue-server: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

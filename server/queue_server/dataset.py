@@ -1,0 +1,143 @@
+"""One served dataset: its meta (built once, in a worker process) and its split queues."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from queue_client import errors
+from queue_client.batchfile import META_FILE, check_split_name, dataset_dir
+from queue_client.meta import dump_meta, load_meta, meta_from_json, meta_to_json, split_schema, validate_meta
+from queue_client.schema import FieldSpec
+from queue_server.config import DatasetConfig, ServerConfig
+from queue_server.split_queue import SplitQueue
+from queue_server.workers import WorkerProcess
+
+log = logging.getLogger("queue_server.dataset")
+
+STARTING, SERVING, FAILED = "starting", "serving", "failed"
+
+
+class DatasetRuntime:
+    def __init__(self, config: DatasetConfig, server: ServerConfig, on_state: Callable[[DatasetRuntime], None]) -> None:
+        self.config = config
+        self.server = server
+        self.dir = dataset_dir(server.data_root, config.name)
+        self.state = STARTING
+        self.last_error = ""
+        self.meta: dict[str, Any] = {}
+        self.meta_json = ""
+        self.splits: dict[str, SplitQueue] = {}
+        self._on_state = on_state
+        self.ready = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def _worker(self, split: str, index: int) -> WorkerProcess:
+        init = {
+            "data_root": str(self.server.data_root),
+            "dataset": self.config.name,
+            "provider": self.config.provider,
+            "args": self.config.args,
+            "batch_size": self.config.batch_size,
+            "batches_per_file": self.config.batches_per_file,
+            "seed": self.config.seed,
+            "worker_index": index,
+            "num_workers": self.config.workers,
+            "verbose": self.server.verbose,
+            "extra_meta": {"provider": self.config.provider, "config_fingerprint": self.config.fingerprint()},
+        }
+        return WorkerProcess(f"{self.config.name}/{split} worker {index}", init, self.server.config_dir)
+
+    async def start(self) -> None:
+        try:
+            await self._start()
+        except Exception as exc:
+            self.fail(f"{type(exc).__name__}: {exc}" if not isinstance(exc, errors.BatchQueueError) else str(exc))
+            return
+        self.state = SERVING
+        self.ready.set()
+        self._on_state(self)
+
+    async def _start(self) -> None:
+        await asyncio.to_thread(self.dir.mkdir, parents=True, exist_ok=True)
+        meta_path = self.dir / META_FILE
+        if meta_path.exists():
+            meta = await asyncio.to_thread(load_meta, meta_path)
+            validate_meta(meta, where=str(meta_path))
+            want, have = self.config.fingerprint(), meta.get("config_fingerprint")
+            if have != want:
+                raise errors.MetaError(
+                    f"{meta_path} was built from another config of dataset {self.config.name!r} "
+                    f"(fingerprint {have} vs {want}); its batch files would not match. Move "
+                    f"{self.dir} aside (nothing is deleted for you) or restore the old config"
+                )
+        else:
+            builder = self._worker("meta", 0)
+            try:
+                await builder.start()
+                reply = await builder.call({"op": "meta"})
+            finally:
+                await builder.stop()
+            meta = meta_from_json(reply["meta_json"])
+            await asyncio.to_thread(dump_meta, meta_path, meta)
+        self.meta = meta
+        self.meta_json = meta_to_json(meta)
+        for split in meta["split_info"]:
+            check_split_name(split)
+            queue = SplitQueue(
+                self.config,
+                split,
+                self.server.data_root,
+                self.server.lease_ttl_s,
+                lambda index, split=split: self._worker(split, index),
+                self.meta_json,
+                self.fail,
+                verbose=self.server.verbose,
+            )
+            self.splits[split] = queue
+        await asyncio.gather(*(q.open() for q in self.splits.values()))
+
+    def fail(self, message: str) -> None:
+        if self.state == FAILED:
+            return
+        log.error("dataset %s failed: %s", self.config.name, message)
+        self.state = FAILED
+        self.last_error = message
+        for queue in self.splits.values():
+            queue.fail(message)
+        self.ready.set()
+        self._on_state(self)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(q.close() for q in self.splits.values()), return_exceptions=True)
+
+    def check_serving(self) -> None:
+        if self.state == FAILED:
+            raise errors.ProviderFailed(f"dataset {self.config.name!r} failed: {self.last_error}")
+
+    def split(self, name: str) -> SplitQueue:
+        self.check_serving()
+        if self.state != SERVING:
+            raise errors.ServerUnavailable(f"dataset {self.config.name!r} is still starting")
+        check_split_name(name)
+        try:
+            return self.splits[name]
+        except KeyError:
+            raise errors.UnknownSplit(f"dataset {self.config.name!r} has no split {name!r}; it has {sorted(self.splits)}") from None
+
+    def schema(self, split: str) -> tuple[FieldSpec, ...]:
+        self.split(split)
+        return split_schema(self.meta, split)
+
+    def worker_pids(self) -> dict[str, list[int]]:
+        return {name: q.worker_pids() for name, q in self.splits.items()}
+
+
+def resolve_data_root(root: Path) -> Path:
+    return Path(root).expanduser().resolve()

@@ -1,0 +1,183 @@
+"""The BatchQueue servicer: translates between protobuf messages and the domain objects.
+
+No queue logic lives here. Domain errors become status codes in one decorator (via
+queue_client.codes), so every RPC reports errors the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from queue_client import errors
+from queue_client.batchfile import check_dataset_name
+from queue_client.codes import status_for
+from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_server.dataset import DatasetRuntime
+from queue_server.split_queue import SplitQueue
+
+log = logging.getLogger("queue_server.servicer")
+
+T = TypeVar("T")
+# Longest client_id or lease_id accepted: ids are uuids; anything far longer is abuse.
+_MAX_ID = 128
+
+
+def _translate(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        try:
+            return await method(self, request, context)
+        except errors.BatchQueueError as exc:
+            code, message = status_for(exc)
+            await context.abort(code, message)
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+class BatchQueueServicer(pb_grpc.BatchQueueServicer):
+    def __init__(self, datasets: dict[str, DatasetRuntime], data_root: str, lease_ttl_s: float, acquire_wait_s: float) -> None:
+        self._datasets = datasets
+        self._data_root = data_root
+        self._ttl_ms = int(lease_ttl_s * 1000)
+        self._wait_s = acquire_wait_s
+
+    async def _dataset(self, name: str, wait_s: float | None = None) -> DatasetRuntime:
+        check_dataset_name(name)
+        runtime = self._datasets.get(name)
+        if runtime is None:
+            raise errors.UnknownDataset(f"dataset {name!r} is not served here; served: {sorted(self._datasets)}")
+        if not runtime.ready.is_set():
+            try:
+                await asyncio.wait_for(runtime.ready.wait(), self._wait_s if wait_s is None else wait_s)
+            except asyncio.TimeoutError:
+                raise errors.ServerUnavailable(f"dataset {name!r} is still starting") from None
+        runtime.check_serving()
+        return runtime
+
+    def _queue(self, runtime: DatasetRuntime, split: str) -> SplitQueue:
+        return runtime.split(split)
+
+    def _find_lease(self, lease_id: str) -> SplitQueue:
+        if not lease_id or len(lease_id) > _MAX_ID:
+            raise errors.InvalidRequest(f"lease_id {lease_id[:_MAX_ID]!r} is malformed")
+        for runtime in self._datasets.values():
+            for queue in runtime.splits.values():
+                if lease_id in queue.leases:
+                    return queue
+        raise errors.UnknownLease(f"lease {lease_id!r} is not held (expired, released, or the server restarted)")
+
+    @_translate
+    async def ListDatasets(self, request: pb.ListDatasetsRequest, context: Any) -> pb.ListDatasetsResponse:
+        return pb.ListDatasetsResponse(datasets=sorted(self._datasets))
+
+    @_translate
+    async def GetMeta(self, request: pb.GetMetaRequest, context: Any) -> pb.GetMetaResponse:
+        runtime = await self._dataset(request.dataset)
+        return pb.GetMetaResponse(
+            dataset=runtime.name,
+            meta_json=runtime.meta_json,
+            training_type=str(runtime.meta["training_type"]),
+            batch_size=runtime.config.batch_size,
+            batches_per_file=runtime.config.batches_per_file,
+            data_root=self._data_root,
+            mode=runtime.config.mode,
+            splits=sorted(runtime.splits),
+            lease_ttl_ms=self._ttl_ms,
+        )
+
+    @_translate
+    async def GetSchema(self, request: pb.GetSchemaRequest, context: Any) -> pb.GetSchemaResponse:
+        runtime = await self._dataset(request.dataset)
+        schema = runtime.schema(request.split)
+        return pb.GetSchemaResponse(
+            dataset=runtime.name,
+            split=request.split,
+            batch_size=runtime.config.batch_size,
+            fields=[pb.FieldSpec(name=f.name, dtype=f.dtype, shape=list(f.shape), role=f.role) for f in schema],
+        )
+
+    @_translate
+    async def GetStats(self, request: pb.GetStatsRequest, context: Any) -> pb.GetStatsResponse:
+        check_dataset_name(request.dataset)
+        runtime = self._datasets.get(request.dataset)
+        if runtime is None:
+            raise errors.UnknownDataset(f"dataset {request.dataset!r} is not served here; served: {sorted(self._datasets)}")
+        splits = []
+        for name in sorted(runtime.splits):
+            snap = runtime.splits[name].snapshot()
+            c = snap.counters
+            splits.append(
+                pb.SplitStats(
+                    split=name,
+                    produced_files=c.produced_files,
+                    reproduced_files=c.reproduced_files,
+                    consumed_files=c.consumed_files,
+                    quarantined_files=c.quarantined_files,
+                    ready_files=snap.ready_files,
+                    leased_files=snap.leased_files,
+                    leases_expired=c.leases_expired,
+                    produced_bytes=c.produced_bytes,
+                    worker_restarts=c.worker_restarts,
+                    max_backlog_files=snap.max_backlog_files,
+                    world_size=snap.world_size,
+                    next_seq=snap.next_seq,
+                    ranks=[pb.RankStats(rank=r.rank, last_consumed_seq=r.last_consumed_seq, files_leased=r.files_leased, lag_files=r.lag_files) for r in snap.ranks],
+                )
+            )
+        return pb.GetStatsResponse(dataset=runtime.name, state=runtime.state, last_error=runtime.last_error, splits=splits)
+
+    @_translate
+    async def AcquireLease(self, request: pb.AcquireLeaseRequest, context: Any) -> pb.Lease:
+        if len(request.client_id) > _MAX_ID:
+            raise errors.InvalidRequest(f"client_id is longer than {_MAX_ID} characters")
+        if request.wait_ms < 0:
+            raise errors.InvalidRequest(f"wait_ms {request.wait_ms} is negative")
+        wait_s = min(request.wait_ms / 1000, self._wait_s) if request.wait_ms else self._wait_s
+        runtime = await self._dataset(request.dataset, wait_s)
+        queue = self._queue(runtime, request.split)
+        world_size = request.world_size or 1
+        seq = request.seq if request.HasField("seq") else None
+        lease, entry = await queue.acquire(request.rank, world_size, request.client_id, seq, wait_s)
+        return pb.Lease(
+            lease_id=lease.lease_id,
+            dataset=runtime.name,
+            split=queue.split,
+            seq=lease.seq,
+            path=f"{runtime.name}/queue/{queue.split}/{entry.name}",
+            num_batches=runtime.config.batches_per_file,
+            batch_size=runtime.config.batch_size,
+            size_bytes=entry.size_bytes,
+            crc32=entry.crc32,
+            ttl_ms=self._ttl_ms,
+            rank=lease.rank,
+            world_size=lease.world_size,
+        )
+
+    @_translate
+    async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: Any) -> pb.ReleaseLeaseResponse:
+        queue = self._find_lease(request.lease_id)
+        queue.release(request.lease_id, request.client_id, int(request.outcome), request.reason[:2000])
+        return pb.ReleaseLeaseResponse()
+
+    @_translate
+    async def RenewLeases(self, request: pb.RenewLeasesRequest, context: Any) -> pb.RenewLeasesResponse:
+        if len(request.lease_ids) > 10_000:
+            raise errors.InvalidRequest(f"{len(request.lease_ids)} lease ids in one call; at most 10000")
+        lost = []
+        for lease_id in request.lease_ids:
+            try:
+                queue = self._find_lease(lease_id)
+            except errors.BatchQueueError:
+                lost.append(lease_id)
+                continue
+            if not queue.renew(lease_id, request.client_id):
+                lost.append(lease_id)
+        return pb.RenewLeasesResponse(lost_lease_ids=lost, ttl_ms=self._ttl_ms)

@@ -1,0 +1,564 @@
+"""One split of one dataset: its files on disk, its leases, and which seq each worker makes next.
+
+Everything here runs on the event loop and never blocks it: workers produce in other
+processes, file deletes go to a thread, and waiting is on a Signal, not on sleeps.
+
+Ordering (deterministic mode): rank r of world size W reads seqs r, r+W, r+2W, ... Worker w
+of N produces seqs w, w+N, ... in order ("forward"), and any seq again on demand from the
+journaled state ("reproduce"): after a resume rewind, a quarantine, or a lost file.
+
+Backpressure: each rank holds at most two leased files (the one it reads and the prefetched
+next) and may have `max_backlog_files` more ready ahead of them. A worker whose next seq falls
+outside its rank's window waits; a release or an acquire moves the window and wakes it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from queue_client import errors
+from queue_client.batchfile import (
+    quarantine_dir,
+    queue_dir,
+    remove_temp_files,
+    scan_queue,
+)
+from queue_server.config import DatasetConfig
+from queue_server.journal import Journal, JournalSummary
+from queue_server.signal import Signal
+from queue_server.workers import WorkerDied, WorkerError, WorkerProcess
+
+log = logging.getLogger("queue_server.split")
+
+# Errors that mean "the disk is full or read-only", not "the provider is broken": production
+# backs off and retries instead of counting a crash.
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES}
+_DISK_BACKOFF_S = (0.2, 5.0)
+
+CONSUMED, RETURNED, CORRUPT = 1, 2, 3
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    client_id: str
+    seq: int
+    rank: int
+    world_size: int
+    expires_at: float
+
+
+@dataclass
+class FileEntry:
+    seq: int
+    name: str
+    size_bytes: int
+    crc32: int
+    lease: Lease | None = None
+
+
+@dataclass
+class Counters:
+    produced_files: int = 0
+    reproduced_files: int = 0
+    consumed_files: int = 0
+    quarantined_files: int = 0
+    produced_bytes: int = 0
+    leases_expired: int = 0
+    worker_restarts: int = 0
+    orphans_removed: int = 0
+    disk_errors: int = 0
+
+
+@dataclass
+class RankView:
+    rank: int
+    last_consumed_seq: int
+    files_leased: int
+    lag_files: int
+
+
+@dataclass
+class SplitSnapshot:
+    split: str
+    counters: Counters
+    ready_files: int
+    leased_files: int
+    max_backlog_files: int
+    world_size: int
+    next_seq: int
+    ranks: list[RankView] = field(default_factory=list)
+
+
+class SplitQueue:
+    def __init__(
+        self,
+        config: DatasetConfig,
+        split: str,
+        data_root: Path,
+        lease_ttl_s: float,
+        make_worker: Callable[[int], WorkerProcess],
+        meta_json: str,
+        on_fatal: Callable[[str], None],
+        verbose: bool = False,
+    ) -> None:
+        self.verbose = verbose
+        self.last_error = ""
+        self.last_disk_error = ""
+        self.config = config
+        self.split = split
+        self.dir = queue_dir(data_root, config.name, split)
+        self.quarantine = quarantine_dir(data_root, config.name, split)
+        self.lease_ttl_s = lease_ttl_s
+        self._make_worker = make_worker
+        self._meta_json = meta_json
+        self._on_fatal = on_fatal
+        self.journal = Journal(data_root / config.name / "journal" / f"{split}.jsonl")
+        self.counters = Counters()
+        self.files: dict[int, FileEntry] = {}
+        self.leases: dict[str, Lease] = {}
+        self.world_size = 1
+        self._n = config.workers
+        self._next_forward = list(range(self._n))
+        self._offsets: dict[int, int] = {}  # seq -> journal offset of its latest produced record
+        self._consumed: set[int] = set()
+        self._reproduce: set[int] = set()
+        self._in_production: set[int] = set()
+        self._last_acquired: dict[int, int] = {}
+        self._last_consumed: dict[int, int] = {}
+        self._consumed_by_rank: dict[int, int] = {}
+        self._workers: list[WorkerProcess | None] = [None] * self._n
+        self._busy: set[int] = set()
+        self._stateful = False
+        self._failures = 0
+        self._disk_backoff_until = 0.0
+        self._disk_backoff_s = _DISK_BACKOFF_S[0]
+        self._failed: str | None = None
+        self._closed = False
+        self.changed = Signal()
+        self._leases_changed = Signal()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    async def open(self) -> None:
+        """Reconcile the directory with the journal, then start the workers."""
+        await asyncio.to_thread(self._reconcile)
+        for w in range(self._n):
+            await self._start_worker(w)
+        self._spawn(self._reap_leases())
+        self._kick()
+
+    def _reconcile(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.quarantine.mkdir(parents=True, exist_ok=True)
+        remove_temp_files(self.dir)
+        summary: JournalSummary = self.journal.replay()
+        c = self.counters
+        c.produced_files, c.reproduced_files = summary.produced_count, summary.reproduced_count
+        c.consumed_files, c.quarantined_files = summary.consumed_count, summary.quarantined_count
+        c.produced_bytes = summary.produced_bytes
+        self._offsets = dict(summary.offsets)
+        self._consumed = set(summary.consumed)
+        self.world_size = summary.world_size
+        self._last_consumed = dict(summary.last_consumed)
+        for w, (seq, _) in summary.last_forward.items():
+            if w < self._n:
+                self._next_forward[w] = seq + self._n
+        for name in scan_queue(self.dir):
+            rec = summary.produced.get(name.seq)
+            if rec is not None and rec.name == str(name) and name.seq not in self.files:
+                self.files[name.seq] = FileEntry(name.seq, rec.name, rec.size_bytes, rec.crc32)
+            else:
+                # Published but never journaled (the server died in between), or superseded:
+                # it is produced again identically if anyone asks, so removing it loses nothing.
+                (self.dir / str(name)).unlink(missing_ok=True)
+                c.orphans_removed += 1
+
+    async def _start_worker(self, w: int) -> None:
+        worker = self._make_worker(w)
+        reply = await worker.start()
+        self._stateful = bool(reply.get("stateful", False))
+        state = None
+        last = max((s for s in self._offsets if s % self._n == w and s < self._next_forward[w]), default=None)
+        if self._stateful and last is not None:
+            _, state = await asyncio.to_thread(self.journal.read_states, self._offsets[last])
+        await worker.call({"op": "set_meta", "meta_json": self._meta_json, "split": self.split, "state": state})
+        self._workers[w] = worker
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for worker in self._workers:
+            if worker is not None:
+                await worker.stop()
+        self.journal.close()
+        self.changed.notify()
+
+    def fail(self, message: str) -> None:
+        self._failed = message
+        for worker in self._workers:
+            if worker is not None:
+                worker.kill()
+        self.changed.notify()
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self._workers if w is not None and w.pid is not None]
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- leases ---------------------------------------------------------------------------
+    def _check_serving(self) -> None:
+        if self._failed is not None:
+            raise errors.ProviderFailed(f"dataset {self.config.name!r} failed: {self._failed}")
+        if self._closed:
+            raise errors.ServerUnavailable("the server is shutting down")
+
+    def _adopt_world(self, world_size: int) -> None:
+        if world_size == self.world_size:
+            return
+        holders = {lease.world_size for lease in self.leases.values()}
+        if holders and holders != {world_size}:
+            raise errors.LeaseConflict(
+                f"world_size {world_size} conflicts with the live leases of {self.config.name}/{self.split}, "
+                f"held at world_size {sorted(holders)}; stop those ranks or wait for their leases to expire"
+            )
+        # An elastic change: ranks and windows are reckoned anew under the new world size.
+        self.world_size = world_size
+        self._last_acquired.clear()
+        self._last_consumed.clear()
+
+    async def acquire(self, rank: int, world_size: int, client_id: str, seq: int | None, wait_s: float) -> tuple[Lease, FileEntry]:
+        self._check_serving()
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise errors.InvalidRequest(f"rank {rank} is outside [0, world_size={world_size})")
+        if not client_id:
+            raise errors.InvalidRequest("client_id is empty: each client process sends its own id")
+        if seq is not None and seq < 0:
+            raise errors.InvalidRequest(f"seq {seq} is negative")
+        self._adopt_world(world_size)
+        if self.config.mode == "best_effort":
+            return await self._acquire_any(rank, client_id, wait_s)
+        if seq is None:
+            seq = self._next_for(rank)
+        elif seq % world_size != rank:
+            raise errors.InvalidRequest(
+                f"seq {seq} belongs to rank {seq % world_size} of world_size {world_size}, not to rank {rank}"
+            )
+        prev = self._last_acquired.get(rank)
+        self._last_acquired[rank] = seq if prev is None or seq > prev or seq < prev - world_size else prev
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            self._check_serving()
+            entry = self.files.get(seq)
+            if entry is not None:
+                if entry.lease is not None and entry.lease.client_id != client_id:
+                    # The same rank from a new client process: a restart after a crash. The
+                    # newest claimant owns the rank's stream; the old lease is revoked.
+                    log.warning("%s/%s seq %d: lease of client %s taken over by %s", self.config.name, self.split, seq, entry.lease.client_id, client_id)
+                    self._drop_lease(entry.lease)
+                return self._grant(entry, rank, client_id), entry
+            self._want(seq)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise errors.NoBatchReady(
+                    f"no file for {self.config.name}/{self.split} seq {seq} (rank {rank}) became ready within {wait_s:.1f}s"
+                )
+            await self.changed.wait(remaining)
+
+    async def _acquire_any(self, rank: int, client_id: str, wait_s: float) -> tuple[Lease, FileEntry]:
+        """Best effort: the lowest ready seq, unless this rank is max_lead files ahead."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        self._consumed_by_rank.setdefault(rank, 0)
+        while True:
+            self._check_serving()
+            slowest = min(self._consumed_by_rank.get(r, 0) for r in range(self.world_size))
+            if self._consumed_by_rank[rank] - slowest < self.config.max_lead:
+                ready = [e for e in self.files.values() if e.lease is None]
+                if ready:
+                    entry = min(ready, key=lambda e: e.seq)
+                    return self._grant(entry, rank, client_id), entry
+            self._kick()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise errors.NoBatchReady(
+                    f"no file for {self.config.name}/{self.split} (rank {rank}) became ready within {wait_s:.1f}s"
+                )
+            await self.changed.wait(remaining)
+
+    def _grant(self, entry: FileEntry, rank: int, client_id: str) -> Lease:
+        expires = asyncio.get_running_loop().time() + self.lease_ttl_s
+        if entry.lease is not None:  # the same client asking again: the same lease, renewed
+            entry.lease.expires_at = expires
+            return entry.lease
+        lease = Lease(uuid.uuid4().hex, client_id, entry.seq, rank, self.world_size, expires)
+        entry.lease = lease
+        self.leases[lease.lease_id] = lease
+        self._leases_changed.notify()
+        return lease
+
+    def _drop_lease(self, lease: Lease) -> None:
+        self.leases.pop(lease.lease_id, None)
+        entry = self.files.get(lease.seq)
+        if entry is not None and entry.lease is lease:
+            entry.lease = None
+
+    def renew(self, lease_id: str, client_id: str) -> bool:
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.client_id != client_id:
+            return False
+        lease.expires_at = asyncio.get_running_loop().time() + self.lease_ttl_s
+        return True
+
+    def release(self, lease_id: str, client_id: str, outcome: int, reason: str) -> None:
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            raise errors.UnknownLease(f"lease {lease_id!r} of {self.config.name}/{self.split} is not held (expired, released, or the server restarted)")
+        if lease.client_id != client_id:
+            raise errors.LeaseConflict(f"lease {lease_id!r} belongs to another client, not to {client_id!r}")
+        if outcome not in (CONSUMED, RETURNED, CORRUPT):
+            raise errors.InvalidRequest(f"release outcome {outcome} is not CONSUMED, RETURNED or CORRUPT")
+        self._drop_lease(lease)
+        entry = self.files[lease.seq]
+        if outcome == CONSUMED:
+            del self.files[lease.seq]
+            self._consumed.add(lease.seq)
+            self.counters.consumed_files += 1
+            self._last_consumed[lease.rank] = max(lease.seq, self._last_consumed.get(lease.rank, -1))
+            self._consumed_by_rank[lease.rank] = self._consumed_by_rank.get(lease.rank, 0) + 1
+            self.journal.append({"e": "c", "seq": lease.seq, "ws": lease.world_size})
+            self._spawn(asyncio.to_thread((self.dir / entry.name).unlink, True))
+        elif outcome == CORRUPT:
+            self.quarantine_file(entry, reason or "reported corrupt by a client")
+        self.changed.notify()
+        self._kick()
+
+    def quarantine_file(self, entry: FileEntry, reason: str) -> None:
+        """Move a file aside with its reason; in deterministic mode its seq is produced again."""
+        self.files.pop(entry.seq, None)
+        self.counters.quarantined_files += 1
+        self.journal.append({"e": "q", "seq": entry.seq, "why": reason[:500]})
+        src, dst = self.dir / entry.name, self.quarantine / entry.name
+
+        def move() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.move(src, dst)
+                dst.with_name(dst.name + ".reason.txt").write_text(reason + "\n", encoding="utf-8")
+
+        self._spawn(asyncio.to_thread(move))
+        if self.config.mode == "deterministic":
+            self._reproduce.add(entry.seq)
+        log.warning("%s/%s seq %d quarantined: %s", self.config.name, self.split, entry.seq, reason)
+
+    async def _reap_leases(self) -> None:
+        """Expire leases whose client stopped renewing; their files go back to the same seq."""
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            expired = [lease for lease in self.leases.values() if lease.expires_at <= now]
+            for lease in expired:
+                self._drop_lease(lease)
+                self.counters.leases_expired += 1
+                log.info("%s/%s seq %d: lease of client %s expired", self.config.name, self.split, lease.seq, lease.client_id)
+            if expired:
+                self.changed.notify()
+                self._kick()
+            soonest = min((lease.expires_at for lease in self.leases.values()), default=None)
+            await self._leases_changed.wait(None if soonest is None else max(0.0, soonest - now))
+
+    # ---- production -----------------------------------------------------------------------
+    def _next_for(self, rank: int) -> int:
+        last = self._last_acquired.get(rank)
+        if last is not None:
+            return last + self.world_size
+        last = self._last_consumed.get(rank)
+        return rank if last is None else last + self.world_size
+
+    def _frontier(self, rank: int) -> int:
+        """The lowest seq this rank still needs: the file it reads now, or its next one."""
+        held = [lease.seq for lease in self.leases.values() if lease.rank == rank]
+        return min(held) if held else self._next_for(rank)
+
+    def _in_window(self, seq: int) -> bool:
+        if self.config.mode == "best_effort":
+            return sum(1 for e in self.files.values() if e.lease is None) + len(self._in_production) < self.config.max_backlog_files * self.world_size
+        w = self.world_size
+        return seq < self._frontier(seq % w) + w * (self.config.max_backlog_files + 2)
+
+    def _want(self, seq: int) -> None:
+        """Make sure seq will be on disk: forward production reaches it, or it is reproduced."""
+        if seq in self.files or seq in self._in_production:
+            return
+        if seq < self._next_forward[seq % self._n]:
+            self._reproduce.add(seq)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Give every idle worker its next job, if any is due."""
+        if self._failed is not None or self._closed:
+            return
+        now = asyncio.get_running_loop().time()
+        if now < self._disk_backoff_until:
+            return
+        for w in range(self._n):
+            if w in self._busy or self._workers[w] is None:
+                continue
+            job = self._next_job(w)
+            if job is not None:
+                seq, reproduce = job
+                self._busy.add(w)
+                self._in_production.add(seq)
+                self._spawn(self._produce(w, seq, reproduce))
+
+    def _next_job(self, w: int) -> tuple[int, bool] | None:
+        mine = sorted(s for s in self._reproduce if s % self._n == w)
+        if mine:
+            self._reproduce.discard(mine[0])
+            return mine[0], True
+        while True:
+            seq = self._next_forward[w]
+            if not self._in_window(seq):
+                return None
+            if self.config.mode == "deterministic" and not self._stateful and seq < self._frontier(seq % self.world_size):
+                # Every rank is past this seq (a resume further on): a stateless provider can
+                # make it later if asked, so skip it rather than fill the disk.
+                self._next_forward[w] += self._n
+                continue
+            return seq, False
+
+    async def _produce(self, w: int, seq: int, reproduce: bool) -> None:
+        worker = self._workers[w]
+        try:
+            state = None
+            if reproduce:
+                offset = self._offsets.get(seq)
+                state = {}
+                if offset is not None and self._stateful:
+                    state, _ = await asyncio.to_thread(self.journal.read_states, offset)
+            assert worker is not None
+            reply = await worker.call({"op": "produce", "split": self.split, "seq": seq, "state": state})
+        except WorkerError as exc:
+            self._in_production.discard(seq)
+            if reproduce:
+                self._reproduce.add(seq)
+            self._busy.discard(w)
+            if exc.errno in _DISK_ERRNOS:
+                self._disk_trouble(seq, str(exc))
+            else:
+                await self._worker_failed(w, f"seq {seq}: {exc}", restart=True)
+            return
+        except WorkerDied as exc:
+            self._in_production.discard(seq)
+            if reproduce:
+                self._reproduce.add(seq)
+            await asyncio.to_thread(self._remove_temps_of, worker.pid if worker else None)
+            self._busy.discard(w)
+            await self._worker_failed(w, str(exc), restart=True)
+            return
+        except asyncio.CancelledError:
+            raise
+        self._failures = 0
+        self._disk_backoff_s = _DISK_BACKOFF_S[0]
+        self._in_production.discard(seq)
+        self._busy.discard(w)
+        if not reproduce:
+            self._next_forward[w] = max(self._next_forward[w], seq + self._n)
+        was_known = seq in self._offsets
+        record = {"e": "p", "seq": seq, "name": reply["name"], "bytes": reply["bytes"], "crc": reply["crc"], "w": w, "fwd": not reproduce, "before": reply.get("before") or {}, "after": reply.get("after") or {}}
+        self._offsets[seq] = self.journal.append(record)
+        if was_known or reproduce:
+            self.counters.reproduced_files += 1
+        else:
+            self.counters.produced_files += 1
+        self.counters.produced_bytes += reply["bytes"]
+        self._consumed.discard(seq)
+        self.files[seq] = FileEntry(seq, reply["name"], reply["bytes"], reply["crc"])
+        if self.verbose:
+            log.info("%s/%s produced seq %d (%s, %d bytes)", self.config.name, self.split, seq, reply["name"], reply["bytes"])
+        self.changed.notify()
+        self._kick()
+
+    def _remove_temps_of(self, pid: int | None) -> None:
+        """A worker killed mid-write leaves a temp file named after its pid: remove it now."""
+        if pid is None:
+            return
+        for entry in os.scandir(self.dir):
+            if entry.name.startswith(".tmp-") and entry.name.endswith(f"-{pid}.pt"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+    def _disk_trouble(self, seq: int, message: str) -> None:
+        self.counters.disk_errors += 1
+        delay = self._disk_backoff_s
+        self._disk_backoff_s = min(self._disk_backoff_s * 2, _DISK_BACKOFF_S[1])
+        loop = asyncio.get_running_loop()
+        self._disk_backoff_until = loop.time() + delay
+        self.last_disk_error = message
+        log.warning("%s/%s: cannot write seq %d (%s); retrying in %.1fs", self.config.name, self.split, seq, message, delay)
+        loop.call_later(delay, self._kick)
+
+    async def _worker_failed(self, w: int, message: str, restart: bool) -> None:
+        self._failures += 1
+        self.last_error = message
+        log.error("%s/%s worker %d failed: %s", self.config.name, self.split, w, message)
+        if self._failures > self.config.max_worker_restarts:
+            self._on_fatal(f"worker {w} of split {self.split!r} failed {self._failures} times in a row; last error: {message}")
+            return
+        old = self._workers[w]
+        self._workers[w] = None
+        if old is not None:
+            old.kill()
+            await old.stop()
+        self.counters.worker_restarts += 1
+        self._busy.add(w)
+        try:
+            await self._start_worker(w)
+        except Exception as exc:  # a worker that cannot even start counts as another failure
+            self._busy.discard(w)
+            await self._worker_failed(w, f"restart failed: {exc}", restart=True)
+            return
+        self._busy.discard(w)
+        self._kick()
+
+    # ---- stats ----------------------------------------------------------------------------
+    def snapshot(self) -> SplitSnapshot:
+        w = self.world_size
+        ranks = []
+        for r in range(w):
+            ranks.append(
+                RankView(
+                    rank=r,
+                    last_consumed_seq=self._last_consumed.get(r, -1),
+                    files_leased=sum(1 for lease in self.leases.values() if lease.rank == r),
+                    lag_files=sum(1 for s in self.files if s % w == r),
+                )
+            )
+        return SplitSnapshot(
+            split=self.split,
+            counters=self.counters,
+            ready_files=sum(1 for e in self.files.values() if e.lease is None),
+            leased_files=len(self.leases),
+            max_backlog_files=self.config.max_backlog_files,
+            world_size=w,
+            next_seq=min(self._next_forward),
+            ranks=ranks,
+        )
+

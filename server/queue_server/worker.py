@@ -1,0 +1,119 @@
+"""The provider worker process: `python -m queue_server.worker`, driven over a pipe.
+
+The server writes one JSON request per line to stdin and reads one JSON reply per line from
+a private copy of stdout (the provider's own prints go to stderr, so they cannot corrupt the
+protocol). Requests:
+
+    {"op": "init", "dataset": ..., "provider": ..., "args": {...}, ...}   -> {"ok": true}
+    {"op": "meta"}                                                      -> {"ok": true, "meta_json": ...}
+    {"op": "set_meta", "meta_json": ..., "state": {...} | null}         -> {"ok": true}
+    {"op": "produce", "split": s, "seq": n, "state": {...} | null}      -> {"ok": true, "name": ..., ...}
+
+A produce with a state produces that seq again from the journaled state and then restores
+the worker's forward stream, so re-producing an old seq never disturbs the next new one.
+Errors come back as {"ok": false, "error": "...", "errno": n}; the process keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def _serve(requests: Any, replies: Any) -> None:
+    import torch
+
+    from queue_client.batchfile import queue_dir
+    from queue_client.meta import meta_from_json, meta_to_json
+    from queue_providers import DataProviderBase, ProviderContext, create
+
+    # One thread per worker: parallelism comes from worker processes, and more threads here
+    # would fight the trainer for the same cores.
+    torch.set_num_threads(1)
+    provider = None
+    root: Path | None = None
+    dataset = ""
+
+    def reply(obj: dict[str, Any]) -> None:
+        replies.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        replies.flush()
+
+    for line in requests:
+        req = json.loads(line)
+        op = req.get("op")
+        try:
+            if op == "init":
+                root, dataset = Path(req["data_root"]), req["dataset"]
+                context = ProviderContext(
+                    dataset_name=dataset,
+                    dataset_dir=root / dataset,
+                    batch_size=req["batch_size"],
+                    batches_per_file=req["batches_per_file"],
+                    seed=req["seed"],
+                    worker_index=req.get("worker_index", 0),
+                    num_workers=req.get("num_workers", 1),
+                    verbose=req.get("verbose", False),
+                    extra_meta=req.get("extra_meta", {}),
+                )
+                provider = create(req["provider"], context, req.get("args", {}))
+                provider.on_start()
+                stateful = type(provider).state_dict is not DataProviderBase.state_dict
+                reply({"ok": True, "stateful": stateful})
+            elif op == "meta":
+                assert provider is not None, "init first"
+                reply({"ok": True, "meta_json": meta_to_json(provider.complete_meta())})
+            elif op == "set_meta":
+                assert provider is not None, "init first"
+                provider.set_meta(meta_from_json(req["meta_json"]))
+                if req.get("split") and req.get("state"):
+                    provider.load_state_dict(req["split"], req["state"])
+                reply({"ok": True})
+            elif op == "produce":
+                assert provider is not None and root is not None, "init first"
+                split, seq, state = req["split"], req["seq"], req.get("state")
+                forward = None
+                if state is not None:
+                    forward = provider.state_dict(split)
+                    provider.load_state_dict(split, state)
+                before = provider.state_dict(split)
+                published = provider.produce_file(split, seq, queue_dir(root, dataset, split))
+                after = provider.state_dict(split)
+                if forward is not None:
+                    provider.load_state_dict(split, forward)
+                reply(
+                    {
+                        "ok": True,
+                        "seq": seq,
+                        "name": str(published.name),
+                        "bytes": published.size_bytes,
+                        "crc": published.crc32,
+                        "before": before,
+                        "after": after,
+                    }
+                )
+            elif op == "stop":
+                if provider is not None:
+                    provider.on_stop()
+                reply({"ok": True})
+                return
+            else:
+                reply({"ok": False, "error": f"unknown op {op!r}"})
+        except Exception as exc:  # reported to the server, which decides to retry or fail
+            if os.environ.get("BATCHQUEUE_WORKER_TRACEBACK"):
+                traceback.print_exc()
+            reply({"ok": False, "error": f"{type(exc).__name__}: {exc}", "errno": getattr(exc, "errno", None) or 0})
+
+
+def main() -> None:
+    # Keep the protocol on a private fd; anything the provider prints goes to stderr.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _serve(sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main()
