@@ -24,9 +24,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from queue_client.errors import CorruptBatchFile, InvalidRequest
 
@@ -39,6 +37,9 @@ QUARANTINE_DIR = "quarantine"
 JOURNAL_DIR = "journal"
 EXT = ".pt"
 TMP_PREFIX = ".tmp-"
+
+if TYPE_CHECKING:
+    import torch
 
 _NAME_RE = re.compile(r"^(\d{13})-(\d{10})-(\d+)\.pt$")
 _DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -116,6 +117,8 @@ def write_batch_file(
     metadata: Mapping[str, Any],
 ) -> PublishedFile:
     """Publish one batch file atomically. Tensors are [num_batches, batch_size, *sample_shape]."""
+    import torch
+
     if not tensors:
         raise ValueError("a batch file needs at least one tensor")
     num_batches = int(next(iter(tensors.values())).shape[0])
@@ -185,6 +188,8 @@ class BatchFile:
 
 def load_batch_file(path: Path) -> BatchFile:
     """Map a batch file copy-on-write. Raises CorruptBatchFile naming the file and the fault."""
+    import torch
+
     try:
         payload = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
     except FileNotFoundError:

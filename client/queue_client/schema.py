@@ -4,39 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from queue_client.errors import MetaError, SchemaMismatch
 
+if TYPE_CHECKING:
+    import torch
+
 ROLES = ("", "input", "target", "mask")
 
-_DTYPES: dict[str, torch.dtype] = {
-    name: dtype
-    for name, dtype in {
-        "bool": torch.bool,
-        "uint8": torch.uint8,
-        "int8": torch.int8,
-        "int16": torch.int16,
-        "uint16": torch.uint16,
-        "int32": torch.int32,
-        "uint32": torch.uint32,
-        "int64": torch.int64,
-        "float16": torch.float16,
-        "bfloat16": torch.bfloat16,
-        "float32": torch.float32,
-        "float64": torch.float64,
-    }.items()
-}
+# Names as torch spells them without "torch."; the server checks names without importing torch.
+DTYPES = (
+    "bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64",
+    "float16", "bfloat16", "float32", "float64",
+)  # fmt: skip
+
+
+def check_dtype_name(name: str) -> str:
+    if name not in DTYPES:
+        raise MetaError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
+    return name
 
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype for a schema dtype name such as "int64"."""
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise MetaError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPES)}") from None
+    import torch
+
+    return getattr(torch, check_dtype_name(name))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -55,7 +49,7 @@ class FieldSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise MetaError(f"schema field name {self.name!r} must be an identifier")
-        torch_dtype(self.dtype)
+        check_dtype_name(self.dtype)
         if not all(isinstance(d, int) and d > 0 for d in self.shape):
             raise MetaError(f"schema field {self.name!r}: shape {self.shape!r} must be positive ints")
         if self.role not in ROLES:
@@ -104,6 +98,8 @@ def check_tensors(
     extra = sorted(set(tensors) - expected)
     if extra:
         raise SchemaMismatch(f"fields {extra} are not in the schema {sorted(expected)}")
+    import torch
+
     for f in schema:
         if f.name not in tensors:
             raise SchemaMismatch(f"field {f.name!r} is missing from the batch")

@@ -69,6 +69,8 @@ def run(coro: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Workers are started with fork+exec; gRPC's fork handlers only add noise for that.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     args = _parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -1,7 +1,9 @@
-"""A provider worker process as seen from the event loop: spawn, one request at a time, stop.
+"""A provider worker process as seen from the event loop: start, one request at a time, stop.
 
-Replies arrive through asyncio's pipe reader, so waiting on a worker never blocks the loop;
-a worker that dies (SIGKILL, OOM) shows up as WorkerDied on the call in flight.
+Workers come from a multiprocessing forkserver that preloads torch and the providers, so
+starting or restarting one costs a fork, not a fresh interpreter. Each talks JSON lines over a
+socketpair read by asyncio, so waiting on a worker never blocks the loop; a worker that dies
+(SIGKILL, OOM, os._exit) shows up as WorkerDied on the call in flight.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import sys
+import multiprocessing
+import socket
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,16 @@ log = logging.getLogger("queue_server.workers")
 
 # Stream states (a text provider's packer buffer) can be large; one line must fit.
 _LINE_LIMIT = 256 * 1024 * 1024
+_context: ForkServerContext | None = None
+
+
+def _forkserver() -> ForkServerContext:
+    global _context
+    if _context is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["queue_server.worker"])
+        _context = ctx
+    return _context
 
 
 class WorkerDied(Exception):
@@ -38,62 +51,69 @@ class WorkerProcess:
         self.label = label
         self._init = init
         self._cwd = cwd
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
         self.init_reply: dict[str, Any] = {}
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._proc.pid if self._proc is not None else None
 
     async def start(self) -> dict[str, Any]:
-        env = dict(os.environ)
-        # Import the packages this server runs from, also when they are not installed.
-        paths = [str(Path(p).resolve()) for p in sys.path if p]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        self._proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "queue_server.worker",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=self._cwd,
-            env=env,
-            limit=_LINE_LIMIT,
-        )
+        from queue_server.worker import run_over_socket
+
+        parent, child = socket.socketpair()
+        proc = _forkserver().Process(target=run_over_socket, args=(child, str(self._cwd)), name=self.label, daemon=True)
+        try:
+            await asyncio.to_thread(proc.start)
+        finally:
+            child.close()
+        self._proc = proc
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=_LINE_LIMIT)
         self.init_reply = await self.call({"op": "init", **self._init})
         return self.init_reply
 
     async def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        proc = self._proc
-        if proc is None or proc.stdin is None or proc.stdout is None:
+        reader, writer = self._reader, self._writer
+        if reader is None or writer is None:
             raise WorkerDied(f"{self.label} is not running")
         try:
-            proc.stdin.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
-            await proc.stdin.drain()
-            line = await proc.stdout.readline()
+            writer.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+            await writer.drain()
+            line = await reader.readline()
         except (BrokenPipeError, ConnectionResetError):
             line = b""
         if not line:
-            code = await proc.wait()
-            raise WorkerDied(f"{self.label} (pid {proc.pid}) exited with code {code}")
+            code = await self._exit_code()
+            raise WorkerDied(f"{self.label} (pid {self.pid}) exited with code {code}")
         reply = json.loads(line)
         if not reply.get("ok"):
             raise WorkerError(reply.get("error", "unknown error"), reply.get("errno") or 0)
         return reply
 
+    async def _exit_code(self) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        await asyncio.to_thread(proc.join, 5.0)
+        return proc.exitcode
+
     async def stop(self, timeout_s: float = 5.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.returncode is not None:
+        """Close the socket (the worker's loop ends), then make sure the process is gone."""
+        proc, writer = self._proc, self._writer
+        self._proc = self._reader = self._writer = None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        if proc is None:
             return
-        with contextlib.suppress(Exception):
-            if proc.stdin is not None:
-                proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        await asyncio.to_thread(proc.join, timeout_s)
+        if proc.exitcode is None:
             proc.kill()
-            await proc.wait()
+            await asyncio.to_thread(proc.join, timeout_s)
 
     def kill(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.kill()
+        if self._proc is not None and self._proc.exitcode is None:
+            with contextlib.suppress(Exception):
+                self._proc.kill()

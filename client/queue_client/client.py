@@ -1,0 +1,288 @@
+"""QueueClient: nanoGPT's `get_batch(split)`, served from a batchqueue server.
+
+    client = QueueClient("localhost:50051", "stdlib_char", device="cuda")
+    X, Y = client.get_batch("train")
+
+The client leases one file at a time per split, memory-maps it and slices batches out of it;
+RPCs happen only at file boundaries, in a background thread, one file ahead. A second thread
+renews held leases, so a paused trainer (a long eval) keeps its files; if the client dies, its
+leases expire and the files go back to its rank's stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from queue_client import errors
+from queue_client.batchfile import check_dataset_name, check_split_name
+from queue_client.meta import meta_from_json, split_schema
+from queue_client.rpc import Rpc
+from queue_client.schema import FieldSpec
+from queue_client.stream import LeaseRef, SplitStream
+from queue_client.transfer import Transfer
+from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.world import World
+
+log = logging.getLogger("queue_client")
+
+STATE_VERSION = 1
+# One AcquireLease call waits at most this long server-side; the client calls again until its
+# own timeout, so a slow provider never trips the RPC deadline.
+_ACQUIRE_SLICE_S = 10.0
+
+Batch = tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]
+
+
+class QueueClient:
+    """Batches of one dataset for one trainer rank. Not thread-safe: one trainer thread calls it."""
+
+    def __init__(
+        self,
+        address: str,
+        dataset: str,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: str | torch.device = "cpu",
+        *,
+        data_root: str | Path | None = None,
+        timeout_s: float = 60.0,
+        reconnect_timeout_s: float = 30.0,
+        prefetch: bool = True,
+        copy: bool = False,
+        verify_checksums: bool = True,
+        auth_token: str | None = None,
+    ) -> None:
+        self.address = address
+        self.dataset = check_dataset_name(dataset)
+        self.world = World.detect(rank, world_size)
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        self.prefetch = prefetch
+        self.verify_checksums = verify_checksums
+        self.client_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._rpc = Rpc(address, auth_token=auth_token, reconnect_timeout_s=reconnect_timeout_s)
+        self._closed = False
+        try:
+            reply = self._rpc.call("GetMeta", pb.GetMetaRequest(dataset=self.dataset), timeout_s=timeout_s)
+        except BaseException:
+            self._rpc.close()
+            raise
+        self.meta: dict[str, Any] = meta_from_json(reply.meta_json)
+        self.mode = reply.mode
+        self.splits = list(reply.splits)
+        self.batch_size = int(reply.batch_size)
+        self._lease_ttl_s = max(reply.lease_ttl_ms / 1000, 0.1)
+        root = data_root if data_root is not None else os.environ.get("BATCHQUEUE_DATA_ROOT") or reply.data_root
+        self.data_root = Path(root).expanduser().resolve()
+        self._transfer = Transfer(self.device, copy=copy)
+        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="queue-client")
+        self._streams: dict[str, SplitStream] = {}
+        self._resume: dict[str, tuple[int, int]] = {}
+        self._held: dict[int, LeaseRef] = {}
+        self._held_lock = threading.Lock()
+        self._stop_renewing = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    # ---- what a training script calls -----------------------------------------------------
+    def get_batch(self, split: str) -> Batch:
+        """The next batch of `split`: (X, Y) for x/y schemas, else a dict of tensors.
+
+        Blocks while the queue is empty, up to timeout_s, then raises NoBatchReady naming the
+        dataset, split and address.
+        """
+        stream = self._streams.get(split)
+        if stream is None:
+            stream = self._open_stream(split)
+        out = self._transfer(stream.next_views())
+        if stream.xy:
+            return out[0], out[1]
+        return dict(zip(stream.names, out))
+
+    def schema(self, split: str) -> tuple[FieldSpec, ...]:
+        self._check_split(split)
+        return split_schema(self.meta, split)
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters for this dataset (GetStats), as a dict."""
+        from google.protobuf.json_format import MessageToDict
+
+        reply = self._rpc.call("GetStats", pb.GetStatsRequest(dataset=self.dataset))
+        return MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where each split's stream stands: small and JSON-serialisable, for checkpoints.
+
+        Per split: the seq of the file holding the next batch and the offset in it. Prefetched
+        files are not part of the state; on resume they are produced again.
+        """
+        if self.mode != "deterministic":
+            raise errors.InvalidRequest(f"dataset {self.dataset!r} is served best-effort, which has no exact resume")
+        splits = {}
+        for split in sorted(set(self._streams) | set(self._resume)):
+            if split in self._streams:
+                seq, offset = self._streams[split].position()
+            else:
+                seq, offset = self._resume[split]
+            splits[split] = {"seq": seq, "offset": offset}
+        return {
+            "version": STATE_VERSION,
+            "dataset": self.dataset,
+            "rank": self.world.rank,
+            "world_size": self.world.world_size,
+            "batches_per_file": int(self.meta.get("batches_per_file", 0)),
+            "splits": splits,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from `state_dict()`: the next batches are exactly those an uninterrupted run
+        would have served. Held leases are returned first."""
+        from queue_client.resume import plan_resume
+
+        positions = plan_resume(state, self.world, self.dataset)
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+        self._resume = positions
+
+    def close(self) -> None:
+        """Return held leases (finished files as consumed) and close the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        for stream in self._streams.values():
+            try:
+                stream.close()
+            except errors.BatchQueueError as exc:
+                log.warning("closing %s/%s: %s", self.dataset, stream.split, exc)
+        self._stop_renewing.set()
+        self.executor.shutdown(wait=True)
+        if self._renewer is not None:
+            self._renewer.join(timeout=5)
+        self._rpc.close()
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- streams ----------------------------------------------------------------------------
+    def _check_split(self, split: str) -> None:
+        check_split_name(split)
+        if split not in self.splits:
+            raise errors.UnknownSplit(f"dataset {self.dataset!r} has no split {split!r}; it has {self.splits}")
+
+    def _open_stream(self, split: str) -> SplitStream:
+        if self._closed:
+            raise errors.InvalidRequest("this QueueClient is closed")
+        self._check_split(split)
+        if self.mode == "deterministic":
+            first, offset = self._resume.pop(split, (self.world.rank, 0))
+            stride = self.world.world_size
+        else:
+            first, offset, stride = None, 0, 1
+        stream = SplitStream(
+            self,
+            split,
+            split_schema(self.meta, split),
+            first_seq=first,
+            seq_stride=stride,
+            offset=offset,
+            prefetch=self.prefetch,
+            timeout_s=self.timeout_s,
+            clock=time.monotonic,
+        )
+        self._streams[split] = stream
+        return stream
+
+    # ---- leases (called from the prefetch thread) -------------------------------------------
+    def acquire(self, split: str, seq: int | None, deadline: float) -> pb.Lease:
+        while True:
+            remaining = deadline - time.monotonic()
+            request = pb.AcquireLeaseRequest(
+                dataset=self.dataset,
+                split=split,
+                rank=self.world.rank,
+                world_size=self.world.world_size,
+                client_id=self.client_id,
+                wait_ms=int(max(1, min(remaining, _ACQUIRE_SLICE_S)) * 1000),
+            )
+            if seq is not None:
+                request.seq = seq
+            try:
+                return self._rpc.call("AcquireLease", request, timeout_s=_ACQUIRE_SLICE_S + 10)
+            except errors.NoBatchReady as exc:
+                if time.monotonic() >= deadline:
+                    raise errors.NoBatchReady(
+                        f"no batch of {self.dataset}/{split} from {self.address} within {self.timeout_s:.0f}s "
+                        f"(rank {self.world.rank}/{self.world.world_size}): {exc}"
+                    ) from None
+
+    def hold(self, ref: LeaseRef) -> None:
+        with self._held_lock:
+            self._held[id(ref)] = ref
+        if self._renewer is None:
+            self._renewer = threading.Thread(target=self._renew_loop, name="queue-client-renew", daemon=True)
+            self._renewer.start()
+
+    def release(self, ref: LeaseRef, outcome: int, reason: str = "") -> None:
+        with self._held_lock:
+            self._held.pop(id(ref), None)
+            if ref.released:
+                return
+            ref.released = True
+        request = pb.ReleaseLeaseRequest(lease_id=ref.lease_id, client_id=self.client_id, outcome=outcome, reason=reason)
+        try:
+            self._rpc.call("ReleaseLease", request)
+        except errors.UnknownLease:
+            # Lost (the server restarted): take it again under this client, then release.
+            lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s)
+            request.lease_id = lease.lease_id
+            self._rpc.call("ReleaseLease", request)
+
+    def release_later(self, ref: LeaseRef, outcome: int) -> None:
+        def run() -> None:
+            try:
+                self.release(ref, outcome)
+            except errors.BatchQueueError as exc:
+                log.warning("releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
+
+        self.executor.submit(run)
+
+    def _renew_loop(self) -> None:
+        while not self._stop_renewing.wait(self._lease_ttl_s / 3):
+            with self._held_lock:
+                refs = [r for r in self._held.values() if not r.released]
+            if not refs:
+                continue
+            request = pb.RenewLeasesRequest(client_id=self.client_id, lease_ids=[r.lease_id for r in refs])
+            try:
+                reply = self._rpc.call("RenewLeases", request)
+            except errors.BatchQueueError as exc:
+                log.warning("renewing leases at %s failed: %s", self.address, exc)
+                continue
+            lost = set(reply.lost_lease_ids)
+            for ref in refs:
+                if ref.lease_id in lost and not ref.released and self.mode == "deterministic":
+                    self._reacquire(ref)
+
+    def _reacquire(self, ref: LeaseRef) -> None:
+        """After a server restart the file is still ours: lease the same seq again."""
+        try:
+            lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s)
+        except errors.BatchQueueError as exc:
+            log.warning("re-acquiring %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
+            return
+        with self._held_lock:
+            ref.lease_id = lease.lease_id

@@ -1,0 +1,220 @@
+"""One split's stream of batches for one rank: the file being read, and the next one coming.
+
+get_batch's steady state is `views = [t[i] for t in tensors]` on a memory-mapped file: no RPC,
+no syscall, no per-sample loop. At a file boundary the prefetched file (leased, verified and
+paged in by a background thread) takes over, the finished one is released in the background,
+and the prefetch of the one after starts.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from queue_client import errors
+from queue_client.batchfile import file_crc32, load_batch_file
+from queue_client.schema import FieldSpec, check_tensors, is_xy
+from queue_client.wire import batchqueue_pb2 as pb
+
+CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
+# Attempts at one seq whose file keeps failing to verify before giving up.
+_CORRUPT_RETRIES = 3
+
+
+@dataclass
+class LeaseRef:
+    """A lease the client holds; lease_id changes if the lease is re-acquired after a loss."""
+
+    lease_id: str
+    dataset: str
+    split: str
+    seq: int
+    released: bool = False
+
+
+@dataclass
+class LoadedFile:
+    lease: LeaseRef
+    seq: int
+    num_batches: int
+    tensors: list[torch.Tensor]  # schema order, each [num_batches, batch_size, *shape]
+
+
+class LeaseSource:
+    """What a stream needs from its client; implemented by QueueClient."""
+
+    dataset: str
+    data_root: Path
+    batch_size: int
+    verify_checksums: bool
+    executor: ThreadPoolExecutor
+
+    def acquire(self, split: str, seq: int | None, deadline: float) -> pb.Lease: ...  # pragma: no cover
+    def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
+    def release(self, ref: LeaseRef, outcome: int, reason: str = "") -> None: ...  # pragma: no cover
+    def release_later(self, ref: LeaseRef, outcome: int) -> None: ...  # pragma: no cover
+
+
+class SplitStream:
+    def __init__(
+        self,
+        source: LeaseSource,
+        split: str,
+        schema: tuple[FieldSpec, ...],
+        *,
+        first_seq: int | None,
+        seq_stride: int,
+        offset: int,
+        prefetch: bool,
+        timeout_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.source = source
+        self.split = split
+        self.schema = schema
+        self.names = [f.name for f in schema]
+        self.xy = is_xy(schema)
+        self.stride = seq_stride
+        self.prefetch = prefetch
+        self.timeout_s = timeout_s
+        self._clock = clock
+        # Deterministic streams know their seqs; best-effort ones (first_seq None) take any file.
+        self._next_seq = first_seq
+        self._skip = offset  # batches of the first file already consumed before a resume
+        self.current: LoadedFile | None = None
+        self._tensors: list[torch.Tensor] = []
+        self._num_batches = 0
+        self.offset = 0
+        self._pending: Future[LoadedFile] | None = None
+        self._lock = threading.Lock()
+
+    # ---- the hot path -------------------------------------------------------------------
+    def next_views(self) -> list[torch.Tensor]:
+        i = self.offset
+        if i >= self._num_batches:
+            self._advance()
+            i = self.offset
+        self.offset = i + 1
+        return [t[i] for t in self._tensors]
+
+    # ---- file boundaries ------------------------------------------------------------------
+    def _take_seq(self) -> int | None:
+        seq = self._next_seq
+        if seq is not None:
+            self._next_seq = seq + self.stride
+        return seq
+
+    def _advance(self) -> None:
+        old = self.current
+        if old is not None:
+            self.source.release_later(old.lease, CONSUMED)
+            self.current = None
+        pending = self._pending
+        self._pending = None
+        if pending is None:
+            pending = self.source.executor.submit(self._fetch, self._take_seq())
+        loaded = pending.result()
+        self.current = loaded
+        self._tensors = loaded.tensors
+        self._num_batches = loaded.num_batches
+        self.offset = min(self._skip, loaded.num_batches)
+        self._skip = 0
+        if self.prefetch:
+            self._pending = self.source.executor.submit(self._fetch, self._take_seq())
+        if self.offset >= self._num_batches:  # a resume exactly at a file's end
+            self._advance()
+
+    def _fetch(self, seq: int | None) -> LoadedFile:
+        deadline = self._clock() + self.timeout_s
+        for _attempt in range(_CORRUPT_RETRIES):
+            lease = self.source.acquire(self.split, seq, deadline)
+            ref = LeaseRef(lease.lease_id, self.source.dataset, self.split, lease.seq)
+            self.source.hold(ref)
+            try:
+                return self._open(lease, ref)
+            except errors.CorruptBatchFile as exc:
+                # Quarantined by the server; in deterministic mode the same seq is produced
+                # again, so the rank's stream loses nothing.
+                self.source.release(ref, CORRUPT, str(exc))
+            except BaseException:
+                self.source.release(ref, RETURNED)
+                raise
+        raise errors.CorruptBatchFile(
+            f"{self.source.dataset}/{self.split} seq {seq}: {_CORRUPT_RETRIES} files in a row failed to verify"
+        )
+
+    def _open(self, lease: pb.Lease, ref: LeaseRef) -> LoadedFile:
+        root = self.source.data_root
+        path = (root / lease.path).resolve()
+        if not path.is_relative_to(root):
+            raise errors.PermissionDenied(f"leased path {lease.path!r} lies outside the data root {root}")
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise errors.CorruptBatchFile(
+                f"{path} is not visible here: is data_root ({root}) the server's data root as mounted on this machine?"
+            ) from None
+        if size != lease.size_bytes:
+            raise errors.CorruptBatchFile(f"{path} has {size} bytes, the server wrote {lease.size_bytes}")
+        if self.source.verify_checksums:
+            crc = file_crc32(path)
+            if crc != lease.crc32:
+                raise errors.CorruptBatchFile(f"{path} has crc32 {crc:#010x}, the server wrote {lease.crc32:#010x}")
+        else:
+            _page_in(path)
+        batch_file = load_batch_file(path)
+        meta = batch_file.metadata
+        if meta.get("seq") != lease.seq or meta.get("num_batches") != lease.num_batches:
+            raise errors.CorruptBatchFile(
+                f"{path} says seq {meta.get('seq')} with {meta.get('num_batches')} batches; the lease says "
+                f"seq {lease.seq} with {lease.num_batches}"
+            )
+        check_tensors(self.schema, batch_file.tensors, (lease.num_batches, lease.batch_size))
+        tensors = [batch_file.tensors[name] for name in self.names]
+        return LoadedFile(ref, lease.seq, lease.num_batches, tensors)
+
+    # ---- state and shutdown ---------------------------------------------------------------
+    def position(self) -> tuple[int | None, int]:
+        """(seq of the next batch's file, offset in it): where a resume starts."""
+        cur = self.current
+        if cur is None:
+            return self._pending_first_seq(), self._skip
+        if self.offset >= cur.num_batches:
+            return cur.seq + self.stride, 0
+        return cur.seq, self.offset
+
+    def _pending_first_seq(self) -> int | None:
+        if self._next_seq is None:
+            return None
+        return self._next_seq - (self.stride if self._pending is not None else 0)
+
+    def close(self) -> None:
+        """Give back what this stream holds: a finished file as consumed, the rest unread."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                loaded = pending.result(timeout=self.timeout_s)
+            except BaseException:
+                loaded = None
+            if loaded is not None:
+                self.source.release(loaded.lease, RETURNED)
+        cur, self.current = self.current, None
+        if cur is not None:
+            self.source.release(cur.lease, CONSUMED if self.offset >= cur.num_batches else RETURNED)
+        self._tensors, self._num_batches, self.offset = [], 0, 0
+
+
+def _page_in(path: Path) -> None:
+    """Ask the kernel to read the file ahead, so the first batches cost no I/O."""
+    if hasattr(os, "posix_fadvise"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)

@@ -1,0 +1,158 @@
+"""nanogpt_bin: serve an existing nanoGPT dataset directory as it is.
+
+nanoGPT's prepare.py scripts write `train.bin` and `val.bin` (token ids, uint16) and, for
+character-level sets, `meta.pkl` (vocab_size, stoi, itos). This provider reads those files
+unchanged and serves what nanoGPT's get_batch would: random windows, x = data[i:i+T] and
+y = data[i+1:i+1+T] as int64. Each .bin is memory-mapped once per process and windows are
+gathered from that map; nanoGPT re-opens the map every batch, which costs a syscall per batch
+and buys nothing here since the gathered windows are copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from queue_client.errors import ConfigError
+from queue_client.meta import loads_plain
+from queue_providers.base import DataProviderBase, ProviderContext
+
+# What nanoGPT's openwebtext and shakespeare (BPE) sets hold when they have no meta.pkl.
+GPT2_VOCAB_SIZE = 50257
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """nanoGPT's choice: uint16 while every id fits, uint32 beyond."""
+    return np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
+
+
+def read_nanogpt_meta(path: Path) -> dict[str, Any]:
+    """nanoGPT's meta.pkl, read as plain data only (no code runs while loading it)."""
+    try:
+        meta = loads_plain(path.read_bytes())
+    except Exception as exc:
+        raise ConfigError(f"{path} is not a plain-data pickle of nanoGPT's meta: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path} holds a {type(meta).__name__}; nanoGPT's meta.pkl is a dict")
+    vocab_size = meta.get("vocab_size")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size <= 0:
+        raise ConfigError(f"{path}: vocab_size is {vocab_size!r}, expected a positive int")
+    return meta
+
+
+class NanoGPTBinProvider(DataProviderBase):
+    """Random windows of a nanoGPT token file per split."""
+
+    def __init__(
+        self,
+        context: ProviderContext,
+        *,
+        data_dir: str,
+        block_size: int = 1024,
+        vocab_size: int | None = None,
+        splits: Sequence[str] = ("train", "val"),
+    ) -> None:
+        super().__init__(context)
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+            raise ConfigError(f"nanogpt_bin: block_size must be a positive int, got {block_size!r}")
+        if isinstance(splits, str) or not splits:
+            raise ConfigError(f"nanogpt_bin: splits must be a non-empty list of names, got {splits!r}")
+        self.data_dir = Path(data_dir).expanduser()
+        if not self.data_dir.is_dir():
+            raise ConfigError(f"nanogpt_bin: data_dir {str(self.data_dir)!r} is not a directory")
+        self.block_size = block_size
+        self.nanogpt_meta: dict[str, Any] = {}
+        meta_path = self.data_dir / "meta.pkl"
+        if meta_path.is_file():
+            self.nanogpt_meta = read_nanogpt_meta(meta_path)
+            found = self.nanogpt_meta["vocab_size"]
+            if vocab_size is not None and vocab_size != found:
+                raise ConfigError(
+                    f"nanogpt_bin: vocab_size={vocab_size} in config but {meta_path} says {found}"
+                )
+            vocab_size = found
+        elif vocab_size is None:
+            vocab_size = GPT2_VOCAB_SIZE
+        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size <= 0:
+            raise ConfigError(f"nanogpt_bin: vocab_size must be a positive int, got {vocab_size!r}")
+        self.vocab_size = vocab_size
+        self.dtype = token_dtype(vocab_size)
+        self.paths: dict[str, Path] = {}
+        self.tokens: dict[str, int] = {}
+        for split in splits:
+            path = self.data_dir / f"{split}.bin"
+            self.paths[split], self.tokens[split] = path, self._count_tokens(path)
+        self._maps: dict[str, np.memmap] = {}
+        self._offsets = torch.arange(block_size + 1)
+
+    def _count_tokens(self, path: Path) -> int:
+        if not path.is_file():
+            raise ConfigError(f"nanogpt_bin: {path} is missing (each split needs SPLIT.bin in data_dir)")
+        size = path.stat().st_size
+        if size % self.dtype.itemsize:
+            raise ConfigError(
+                f"nanogpt_bin: {path} is {size} bytes, not a multiple of {self.dtype.itemsize} "
+                f"({self.dtype.name} tokens, since vocab_size={self.vocab_size}); the file is "
+                "truncated or was written with another dtype"
+            )
+        n = size // self.dtype.itemsize
+        if n <= self.block_size:
+            raise ConfigError(
+                f"nanogpt_bin: {path} holds {n} tokens, fewer than block_size+1={self.block_size + 1}"
+            )
+        return n
+
+    def build_meta(self) -> dict[str, Any]:
+        t = self.block_size
+        meta: dict[str, Any] = {
+            "training_type": "LM",
+            "vocab_size": self.vocab_size,
+            "block_size": t,
+            "source": str(self.data_dir),
+            "token_dtype": self.dtype.name,
+            "batch_schema": [
+                {"name": "x", "dtype": "int64", "shape": [t], "role": "input"},
+                {"name": "y", "dtype": "int64", "shape": [t], "role": "target"},
+            ],
+            "split_info": {
+                split: {"tokens": n, "file": self.paths[split].name} for split, n in self.tokens.items()
+            },
+        }
+        for key in ("stoi", "itos"):
+            if isinstance(self.nanogpt_meta.get(key), Mapping):
+                meta[key] = dict(self.nanogpt_meta[key])
+        return meta
+
+    def set_meta(self, meta: Mapping[str, Any]) -> None:
+        super().set_meta(meta)
+        for split in self.paths:
+            self.data(split)
+
+    def data(self, split: str) -> np.memmap:
+        """The split's tokens, mapped once per process."""
+        mm = self._maps.get(split)
+        if mm is None:
+            mm = self._maps[split] = np.memmap(self.paths[split], dtype=self.dtype, mode="r")
+        return mm
+
+    def window_starts(self, split: str, rng: torch.Generator) -> torch.Tensor:
+        """batch_size offsets drawn uniformly from [0, tokens - block_size), as nanoGPT does."""
+        return torch.randint(self.tokens[split] - self.block_size, (self.batch_size,), generator=rng)
+
+    def windows(self, split: str, starts: torch.Tensor) -> dict[str, torch.Tensor]:
+        """x and y for windows starting at `starts`, gathered in one indexing of the map."""
+        rows = np.asarray(self.data(split)[(starts.unsqueeze(1) + self._offsets).numpy()], dtype=np.int64)
+        top = int(rows.max())
+        if top >= self.vocab_size:
+            raise ValueError(
+                f"nanogpt_bin: {self.paths[split]} holds token id {top} >= vocab_size {self.vocab_size}"
+            )
+        windows = torch.from_numpy(rows)
+        return {"x": windows[:, :-1].contiguous(), "y": windows[:, 1:].contiguous()}
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        return self.windows(split, self.window_starts(split, rng))

@@ -1,0 +1,169 @@
+"""Cut a block of tokenized documents into fixed windows of T tokens.
+
+Input: one flat int32 array with each document's ids followed by EOS, and the lengths.
+Output: `Windows`, four [n, T] arrays. In every window:
+  - segment_ids number the documents (or pieces of one) 1, 2, ... from the left; 0 is padding.
+    A trainer builds its attention mask from them (same id and causal), so attention never
+    crosses documents.
+  - labels[t] is the token that follows input_ids[t] in the same document: the next-token
+    target, already shifted. At a document's EOS it is IGNORE (-100), since the next document
+    cannot be predicted from one it may not attend to. At the last position of a window whose
+    document goes on in a later window it is that next token. Padding is IGNORE.
+  - attention_mask is True on real tokens, False on padding.
+
+Modes:
+  - sequential: one continuous stream, windows cut every T tokens; no padding, no token
+    dropped. The tail that does not fill a window is the `carry` for the next block.
+  - bin: documents are kept whole where they fit: a document longer than T is cut into pieces
+    of T from its start (each a window of its own) plus a shorter last piece; the shorter
+    pieces are placed best-fit-decreasing into windows, the rest padded. The windows are then
+    shuffled, so window order does not follow length.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+IGNORE = -100
+PACKING_MODES = ("sequential", "bin")
+
+
+@dataclass
+class Windows:
+    input_ids: np.ndarray  # [n, T] int32
+    labels: np.ndarray  # [n, T] int32
+    segment_ids: np.ndarray  # [n, T] int32
+    attention_mask: np.ndarray | None  # [n, T] bool; None: all True (sequential)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def mask(self, lo: int, hi: int) -> np.ndarray:
+        if self.attention_mask is None:
+            return np.ones((hi - lo, self.input_ids.shape[1]), dtype=bool)
+        return self.attention_mask[lo:hi]
+
+
+def next_token_labels(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """labels[i] = tokens[i+1] within a document, IGNORE at each document's last token."""
+    labels = np.empty_like(tokens)
+    if len(tokens):
+        labels[:-1] = tokens[1:]
+        labels[np.cumsum(lengths) - 1] = IGNORE
+    return labels
+
+
+def pack_sequential(
+    tokens: np.ndarray, lengths: np.ndarray, seq_len: int
+) -> tuple[Windows, np.ndarray, np.ndarray]:
+    """Windows of the stream `tokens`, plus the carry (tokens, lengths) that fills none."""
+    n = len(tokens) // seq_len
+    used = n * seq_len
+    labels = next_token_labels(tokens, lengths)
+    doc = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    seg = doc[:used].reshape(n, seq_len)
+    seg = seg - seg[:, :1] + 1
+    windows = Windows(
+        tokens[:used].reshape(n, seq_len), labels[:used].reshape(n, seq_len), seg.astype(np.int32), None
+    )
+    ends = np.cumsum(lengths)
+    j = int(np.searchsorted(ends, used, side="right"))
+    if used == len(tokens):
+        carry_lengths = np.zeros(0, dtype=np.int64)
+    else:
+        carry_lengths = np.concatenate([[ends[j] - used], lengths[j + 1 :]]).astype(np.int64)
+    return windows, tokens[used:].copy(), carry_lengths
+
+
+def _best_fit(lengths: np.ndarray, seq_len: int) -> list[list[int]]:
+    """Bins of piece indices: best-fit decreasing, ties broken by position (deterministic)."""
+    order = np.argsort(-lengths, kind="stable")
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, bin index), sorted
+    for i in order.tolist():
+        size = int(lengths[i])
+        k = bisect.bisect_left(free, (size, -1))
+        if k < len(free):
+            room, b = free.pop(k)
+            bins[b].append(i)
+            if room - size > 0:
+                bisect.insort(free, (room - size, b))
+        else:
+            bins.append([i])
+            if seq_len - size > 0:
+                bisect.insort(free, (seq_len - size, len(bins) - 1))
+    return bins
+
+
+def pack_bin(
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    seq_len: int,
+    *,
+    pad_id: int,
+    rng: np.random.Generator | None,
+) -> Windows:
+    """Whole documents best-fit into windows, long ones split; windows shuffled by `rng`."""
+    labels = next_token_labels(tokens, lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    full = lengths // seq_len
+    rest = lengths - full * seq_len
+    # Full-length pieces: one window each.
+    full_starts = np.repeat(starts, full) + seq_len * _ranks(full)
+    # The shorter last pieces, packed best-fit.
+    has_rest = rest > 0
+    piece_starts = (starts + full * seq_len)[has_rest]
+    piece_lengths = rest[has_rest]
+    bins = _best_fit(piece_lengths, seq_len)
+    win_pieces: list[list[tuple[int, int]]] = [[(int(s), seq_len)] for s in full_starts.tolist()]
+    for b in bins:
+        b.sort()  # block order inside a window
+        win_pieces.append([(int(piece_starts[i]), int(piece_lengths[i])) for i in b])
+    if rng is not None:
+        win_pieces = [win_pieces[i] for i in rng.permutation(len(win_pieces)).tolist()]
+    return _fill(tokens, labels, win_pieces, seq_len, pad_id)
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """For counts [2, 0, 3]: [0, 1, 0, 1, 2], the index of each repeat within its group."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    group_start = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(total, dtype=np.int64) - group_start
+
+
+def _fill(
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    win_pieces: list[list[tuple[int, int]]],
+    seq_len: int,
+    pad_id: int,
+) -> Windows:
+    n = len(win_pieces)
+    src, dst, seg, length = [], [], [], []
+    for w, pieces in enumerate(win_pieces):
+        pos = w * seq_len
+        for k, (start, size) in enumerate(pieces, start=1):
+            src.append(start)
+            dst.append(pos)
+            seg.append(k)
+            length.append(size)
+            pos += size
+    lens = np.asarray(length, dtype=np.int64)
+    within = _ranks(lens)
+    src_idx = np.repeat(np.asarray(src, dtype=np.int64), lens) + within
+    dst_idx = np.repeat(np.asarray(dst, dtype=np.int64), lens) + within
+    input_ids = np.full(n * seq_len, pad_id, dtype=np.int32)
+    out_labels = np.full(n * seq_len, IGNORE, dtype=np.int32)
+    segment_ids = np.zeros(n * seq_len, dtype=np.int32)
+    mask = np.zeros(n * seq_len, dtype=bool)
+    input_ids[dst_idx] = tokens[src_idx]
+    out_labels[dst_idx] = labels[src_idx]
+    segment_ids[dst_idx] = np.repeat(np.asarray(seg, dtype=np.int32), lens)
+    mask[dst_idx] = True
+    shape = (n, seq_len)
+    return Windows(input_ids.reshape(shape), out_labels.reshape(shape), segment_ids.reshape(shape), mask.reshape(shape))

@@ -1,0 +1,262 @@
+"""Text to token ids, a block of documents at a time, and the snapshot that pins it.
+
+Three kinds:
+  - byte: the UTF-8 bytes (ids 0-255) and EOS = 256; vocab_size 257. Needs nothing.
+  - char: one id per character of the corpus (sorted by code point), then EOS, then UNK for a
+    character the vocabulary lacks; built by one streaming pass over the corpus.
+  - hf: a local tokenizer.json through the `tokenizers` library, encoded without the
+    tokenizer's own special tokens (the provider adds EOS itself).
+
+`encode_docs(texts)` returns one flat int32 array holding each document's ids followed by EOS,
+and the lengths (EOS included): numpy per document, never a Python loop per token.
+
+The snapshot (dataset_dir/tokenizer/) is written when meta is first built and is what every
+worker loads, so a restart tokenizes identically even if the corpus or the tokenizer file
+changed meanwhile; a tokenizer_path whose content differs from the snapshot is refused rather
+than silently ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from queue_client.errors import ConfigError, MetaError
+
+KINDS = ("byte", "char", "hf")
+SNAPSHOT_DIR = "tokenizer"
+INFO_FILE = "snapshot.json"
+HF_FILE = "tokenizer.json"
+# Tried in order when eos_token is not given.
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
+
+
+class TextTokenizer(Protocol):
+    kind: str
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+
+    def encode_docs(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+def _append_eos(ids: np.ndarray, lengths: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    flat = np.insert(ids.astype(np.int32, copy=False), np.cumsum(lengths), np.int32(eos))
+    return flat, lengths + 1
+
+
+class ByteTokenizer:
+    kind = "byte"
+    vocab_size = 257
+    eos_id = 256
+    pad_id = 256
+
+    def encode_docs(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        raw = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
+        data = np.frombuffer(b"".join(raw), dtype=np.uint8)
+        return _append_eos(data, lengths, self.eos_id)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        ids = np.asarray(ids)
+        return bytes(ids[ids < 256].astype(np.uint8)).decode("utf-8", errors="replace")
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+
+class CharTokenizer:
+    kind = "char"
+
+    def __init__(self, chars: str) -> None:
+        if not chars:
+            raise ConfigError("a char tokenizer needs at least one character")
+        self.chars = "".join(sorted(set(chars)))
+        self._points = np.frombuffer(self.chars.encode("utf-32-le"), dtype=np.uint32)
+        self.eos_id = len(self.chars)
+        self.unk_id = len(self.chars) + 1
+        self.pad_id = self.eos_id
+        self.vocab_size = len(self.chars) + 2
+
+    def encode_docs(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        points = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+        idx = np.minimum(np.searchsorted(self._points, points), len(self._points) - 1)
+        ids = np.where(self._points[idx] == points, idx, self.unk_id)
+        return _append_eos(ids, lengths, self.eos_id)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return "".join(self.chars[i] for i in np.asarray(ids).tolist() if i < len(self.chars))
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "chars": self.chars, "unk_id": self.unk_id}
+
+
+class HFTokenizer:
+    kind = "hf"
+
+    def __init__(self, path: Path, eos_token: str | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as exc:
+            raise ConfigError(f"tokenizer file {str(path)!r} does not load with `tokenizers`: {exc}") from None
+        self.path = path
+        if eos_token is None:
+            eos_token = next((t for t in EOS_CANDIDATES if self._tok.token_to_id(t) is not None), None)
+            if eos_token is None:
+                added = sorted(t.content for t in self._tok.get_added_tokens_decoder().values())
+                raise ConfigError(
+                    f"tokenizer file {str(path)!r} has none of the usual end-of-text tokens "
+                    f"{list(EOS_CANDIDATES)}; set eos_token to one of its special tokens {added}"
+                )
+        eos = self._tok.token_to_id(eos_token)
+        if eos is None:
+            raise ConfigError(f"eos_token {eos_token!r} is not in the vocabulary of {str(path)!r}")
+        self.eos_token = eos_token
+        self.eos_id = int(eos)
+        self.pad_id = self.eos_id
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def encode_docs(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+        ids = [e.ids for e in encodings]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+        return _append_eos(flat, lengths, self.eos_id)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return self._tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+
+    def describe(self) -> dict[str, Any]:
+        specials = {t.content: int(i) for i, t in self._tok.get_added_tokens_decoder().items()}
+        return {"kind": self.kind, "eos_token": self.eos_token, "special_tokens": specials}
+
+
+# ---- snapshot -----------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _info_of(tok: TextTokenizer, digest: str) -> dict[str, Any]:
+    return {
+        **tok.describe(),
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "pad_id": tok.pad_id,
+        "sha256": digest,
+        "snapshot": SNAPSHOT_DIR,
+    }
+
+
+def _snapshot_digest(snap: Path, kind: str) -> str:
+    h = hashlib.sha256((snap / INFO_FILE).read_bytes())
+    if kind == "hf":
+        h.update((snap / HF_FILE).read_bytes())
+    return h.hexdigest()
+
+
+def prepare_tokenizer(
+    kind: str,
+    dataset_dir: Path,
+    *,
+    tokenizer_path: str | None,
+    eos_token: str | None,
+    corpus_texts: Callable[[], Iterable[str]],
+) -> tuple[TextTokenizer, dict[str, Any]]:
+    """The tokenizer for `kind`, from the snapshot if there is one, else built and snapshotted.
+
+    Returns the tokenizer and its plain-data description for meta (vocab_size, special ids,
+    the snapshot's sha256). `corpus_texts` is called only to build a char vocabulary.
+    """
+    if kind not in KINDS:
+        raise ConfigError(f"tokenizer must be one of {list(KINDS)}, got {kind!r}")
+    snap = Path(dataset_dir) / SNAPSHOT_DIR
+    info_path = snap / INFO_FILE
+    if info_path.exists():
+        info = json.loads(info_path.read_text())
+        if info.get("kind") != kind:
+            raise ConfigError(
+                f"{snap} holds a {info.get('kind')!r} tokenizer snapshot but the config asks for "
+                f"{kind!r}: the queued batches were made with the old one; delete {snap} (and the "
+                "queued files) to change tokenizers"
+            )
+        if kind == "hf" and tokenizer_path is not None and Path(tokenizer_path).is_file():
+            if _sha256(Path(tokenizer_path).read_bytes()) != _sha256((snap / HF_FILE).read_bytes()):
+                raise ConfigError(
+                    f"tokenizer_path {tokenizer_path!r} differs from the snapshot {snap / HF_FILE} "
+                    f"that this dataset's batches were made with; delete {snap} to adopt the new file"
+                )
+        tok = _from_snapshot(snap, info)
+        return tok, _info_of(tok, _snapshot_digest(snap, kind))
+
+    tok: TextTokenizer
+    if kind == "byte":
+        tok = ByteTokenizer()
+    elif kind == "char":
+        chars: set[str] = set()
+        for text in corpus_texts():
+            chars.update(text)
+        tok = CharTokenizer("".join(chars))
+    else:
+        if tokenizer_path is None:
+            raise ConfigError("tokenizer 'hf' needs tokenizer_path, the path of a tokenizer.json")
+        if not Path(tokenizer_path).is_file():
+            raise ConfigError(f"tokenizer_path {tokenizer_path!r} is not a file")
+        tok = HFTokenizer(Path(tokenizer_path), eos_token)
+    snap.mkdir(parents=True, exist_ok=True)
+    if kind == "hf":
+        _write_atomic(snap / HF_FILE, Path(tokenizer_path).read_bytes())  # type: ignore[arg-type]
+    record = {k: v for k, v in tok.describe().items() if k != "special_tokens"}
+    _write_atomic(info_path, json.dumps(record, sort_keys=True).encode())
+    return tok, _info_of(tok, _snapshot_digest(snap, kind))
+
+
+def _from_snapshot(snap: Path, record: Mapping[str, Any]) -> TextTokenizer:
+    kind = record.get("kind")
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "char":
+        return CharTokenizer(record["chars"])
+    if kind == "hf":
+        return HFTokenizer(snap / HF_FILE, record.get("eos_token"))
+    raise MetaError(f"{snap / INFO_FILE}: unknown tokenizer kind {kind!r}")
+
+
+def load_tokenizer(dataset_dir: Path, info: Mapping[str, Any]) -> TextTokenizer:
+    """The snapshotted tokenizer that meta describes; refuses a snapshot changed since."""
+    snap = Path(dataset_dir) / info.get("snapshot", SNAPSHOT_DIR)
+    try:
+        record = json.loads((snap / INFO_FILE).read_text())
+        digest = _snapshot_digest(snap, info["kind"])
+    except FileNotFoundError as exc:
+        raise MetaError(f"tokenizer snapshot {snap} is incomplete ({exc.filename} is missing): rebuild meta") from None
+    if digest != info.get("sha256"):
+        raise MetaError(f"tokenizer snapshot {snap} changed since meta.pkl was built: rebuild meta")
+    tok = _from_snapshot(snap, record)
+    if tok.vocab_size != info.get("vocab_size") or tok.eos_id != info.get("eos_id"):
+        raise MetaError(f"tokenizer snapshot {snap} does not match meta's vocab_size/eos_id")
+    return tok

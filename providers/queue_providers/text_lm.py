@@ -1,0 +1,230 @@
+"""text_lm: a streaming text corpus, tokenized and packed into fixed [A, B, T] LM batches.
+
+Sources are .txt files (a document per file, or split by a separator line), JSONL (a text
+key) or Parquet (a text column), read as streams. Tokenizers are byte, char or hf. Packing is
+sequential (one stream, no padding) or bin (whole documents best-fit). val is the corpus's
+first `eval_take` documents and train the rest; each worker of a split reads a disjoint shard,
+reshuffled every epoch. The stream's state is journaled with each file, so any file can be
+produced again byte for byte. docs/providers/text_lm.md is the user's page.
+
+Shapes: the config's batch_size is A (grad_accum) and args.micro_batch_size is B, so each
+schema field is [B, T] and sample_batch returns [A, B, T]: one batch is one optimizer step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from queue_client.errors import ConfigError, MetaError
+from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.text.errors import CorpusError
+from queue_providers.text.files import corpus_digest, discover
+from queue_providers.text.packing import IGNORE, PACKING_MODES
+from queue_providers.text.plan import Boundary, find_boundary, iter_corpus, make_chunks, shard, split_ranges
+from queue_providers.text.readers import ReadOptions
+from queue_providers.text.stream import SplitStream, StreamConfig
+from queue_providers.text.tokenizer import TextTokenizer, load_tokenizer, prepare_tokenizer
+
+__all__ = ["CorpusError", "TextLMProvider"]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"text_lm {name} must be a positive int, got {value!r}")
+    return value
+
+
+class TextLMProvider(DataProviderBase):
+    """Packed LM windows of a streamed text corpus; see the module docstring."""
+
+    def __init__(
+        self,
+        context: ProviderContext,
+        *,
+        source: str | list[str],
+        tokenizer: str = "byte",
+        seq_len: int = 1024,
+        micro_batch_size: int = 8,
+        packing: str = "sequential",
+        eval_take: int = 1000,
+        shuffle: bool = True,
+        shuffle_buffer: int = 1024,
+        format: str = "auto",
+        separator: str | None = None,
+        text_key: str = "text",
+        tokenizer_path: str | None = None,
+        eos_token: str | None = None,
+        utf8_errors: str = "replace",
+        max_document_bytes: int = 64 << 20,
+    ) -> None:
+        super().__init__(context)
+        self.seq_len = _positive_int("seq_len", seq_len)
+        self.micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
+        self.shuffle_buffer = _positive_int("shuffle_buffer", shuffle_buffer)
+        if packing not in PACKING_MODES:
+            raise ConfigError(f"text_lm packing must be one of {list(PACKING_MODES)}, got {packing!r}")
+        if not isinstance(eval_take, int) or isinstance(eval_take, bool) or eval_take < 0:
+            raise ConfigError(f"text_lm eval_take must be an int >= 0, got {eval_take!r}")
+        if not isinstance(shuffle, bool):
+            raise ConfigError(f"text_lm shuffle must be true or false, got {shuffle!r}")
+        if tokenizer == "hf" and not tokenizer_path:
+            raise ConfigError("text_lm tokenizer 'hf' needs tokenizer_path, the path of a tokenizer.json")
+        self.packing = packing
+        self.eval_take = eval_take
+        self.shuffle = shuffle
+        self.source = source
+        self.tokenizer_kind = tokenizer
+        self.tokenizer_path = tokenizer_path
+        self.eos_token = eos_token
+        self.opts = ReadOptions(
+            separator=separator,
+            text_key=text_key,
+            utf8_errors=utf8_errors,
+            max_document_bytes=_positive_int("max_document_bytes", max_document_bytes),
+        )
+        # Listing and stat-ing the files is cheap; reading them waits for build_meta/set_meta.
+        self.files = discover(source, format=format, one_doc_per_file=separator is None)
+        self.tokenizer: TextTokenizer | None = None
+        self._meta: Mapping[str, Any] | None = None
+        self._streams: dict[str, SplitStream] = {}
+
+    # ---- meta -------------------------------------------------------------------------------
+    def build_meta(self) -> dict[str, Any]:
+        boundary = find_boundary(self.files, self.opts, self.eval_take, self.source)
+        tok, info = prepare_tokenizer(
+            self.tokenizer_kind,
+            self.context.dataset_dir,
+            tokenizer_path=self.tokenizer_path,
+            eos_token=self.eos_token,
+            corpus_texts=lambda: (text for _, _, text in iter_corpus(self.files, self.opts)),
+        )
+        a, b, t = self.batch_size, self.micro_batch_size, self.seq_len
+        splits = {"train": {"documents": f"all but the first {self.eval_take}"}}
+        if self.eval_take:
+            splits = {"train": splits["train"], "val": {"documents": self.eval_take}}
+        meta: dict[str, Any] = {
+            "training_type": "LM",
+            "vocab_size": tok.vocab_size,
+            "block_size": t,
+            "seq_len": t,
+            "grad_accum": a,
+            "micro_batch_size": b,
+            "packing": self.packing,
+            "eos_id": tok.eos_id,
+            "pad_id": tok.pad_id,
+            "ignore_index": IGNORE,
+            "tokenizer": info,
+            "batch_schema": [
+                {"name": "input_ids", "dtype": "int32", "shape": [b, t], "role": "input"},
+                {"name": "labels", "dtype": "int32", "shape": [b, t], "role": "target"},
+                {"name": "attention_mask", "dtype": "bool", "shape": [b, t], "role": "mask"},
+                {"name": "segment_ids", "dtype": "int32", "shape": [b, t], "role": ""},
+            ],
+            "split_info": splits,
+            "text_lm": {
+                "corpus_files": len(self.files),
+                "corpus_bytes": sum(f.size for f in self.files),
+                "corpus_digest": corpus_digest(self.files),
+                "boundary": [boundary.file, boundary.key] if self.eval_take else None,
+                "eval_take": self.eval_take,
+                "shuffle_buffer": self.shuffle_buffer,
+            },
+        }
+        if tok.kind == "char":
+            chars = info["chars"]
+            meta["stoi"] = {ch: i for i, ch in enumerate(chars)}
+            meta["itos"] = dict(enumerate(chars))
+        return meta
+
+    def set_meta(self, meta: Mapping[str, Any]) -> None:
+        super().set_meta(meta)
+        info = meta.get("text_lm")
+        if not isinstance(info, Mapping):
+            raise MetaError("meta lacks the 'text_lm' table that TextLMProvider.build_meta writes")
+        digest = corpus_digest(self.files)
+        if digest != info["corpus_digest"]:
+            raise CorpusError(
+                f"text_lm source {self.source!r} changed since meta.pkl was built: it had "
+                f"{info['corpus_files']} file(s) of {info['corpus_bytes']} bytes, now "
+                f"{len(self.files)} of {sum(f.size for f in self.files)}; rebuild the dataset"
+            )
+        self.tokenizer = load_tokenizer(self.context.dataset_dir, meta["tokenizer"])
+        self._meta = meta
+        self._streams = {}
+
+    # ---- batches ----------------------------------------------------------------------------
+    def _stream(self, split: str) -> SplitStream:
+        stream = self._streams.get(split)
+        if stream is not None:
+            return stream
+        if self._meta is None or self.tokenizer is None:
+            raise MetaError("TextLMProvider: set_meta() must run before batches are produced")
+        info = self._meta["text_lm"]
+        raw = info["boundary"]
+        boundary = None if raw is None else Boundary(int(raw[0]), int(raw[1]))
+        ranges = split_ranges(self.files, boundary)
+        if split not in ranges:
+            raise MetaError(f"text_lm has no split {split!r}; it has {sorted(ranges)}")
+        ctx = self.context
+        chunks = shard(make_chunks(self.files, ranges[split], ctx.num_workers), ctx.worker_index, ctx.num_workers)
+        config = StreamConfig(
+            split=split,
+            seq_len=self.seq_len,
+            packing=self.packing,
+            block_docs=self.shuffle_buffer,
+            shuffle=self.shuffle and split == "train",
+            seed=ctx.seed,
+            worker_index=ctx.worker_index,
+            num_workers=ctx.num_workers,
+            pad_id=self.tokenizer.pad_id,
+        )
+        layout = _layout(info, self._meta["tokenizer"]["sha256"], config)
+        stream = SplitStream(self.files, self.opts, chunks, self.tokenizer, config, layout)
+        self._streams[split] = stream
+        return stream
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        # `rng` is unused: order comes from the journaled stream state, seeded by (seed, epoch).
+        a, b, t = self.batch_size, self.micro_batch_size, self.seq_len
+        windows = self._stream(split).take(a * b)
+        return {name: torch.from_numpy(arr.reshape(a, b, t)) for name, arr in windows.items()}
+
+    def produce_file(self, split: str, seq: int, directory):  # type: ignore[override]
+        """The base's produce_file, but a failure leaves the stream where it was, so a retry
+        (or the server's replay) starts from the same documents and nothing is skipped."""
+        before = self.state_dict(split)
+        try:
+            return super().produce_file(split, seq, directory)
+        except BaseException:
+            self.load_state_dict(split, before)
+            raise
+
+    # ---- state ------------------------------------------------------------------------------
+    def state_dict(self, split: str) -> dict[str, Any]:
+        return self._stream(split).state_dict()
+
+    def load_state_dict(self, split: str, state: Mapping[str, Any]) -> None:
+        self._stream(split).load_state_dict(state)
+
+
+def _layout(info: Mapping[str, Any], tokenizer_sha: str, cfg: StreamConfig) -> str:
+    """A short digest of everything a journaled position depends on."""
+    parts: Sequence[Any] = (
+        info["corpus_digest"],
+        info["boundary"],
+        tokenizer_sha,
+        cfg.split,
+        cfg.seq_len,
+        cfg.packing,
+        cfg.block_docs,
+        cfg.shuffle,
+        cfg.seed,
+        cfg.worker_index,
+        cfg.num_workers,
+    )
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]

