@@ -58,11 +58,10 @@ def tiny_corpus(path: Path, chars: int = 40_000) -> Path:
     return path
 
 
-def char_config(corpus: Path, *, name: str = "chars", batch_size: int = 4, block_size: int = 16, batches_per_file: int = 5, extra: str = "", server: str = "") -> str:
+def char_config(corpus: Path, *, name: str = "chars", batch_size: int = 4, block_size: int = 16, batches_per_file: int = 5, extra: str = "", server: str = "lease_ttl_s = 30") -> str:
     return textwrap.dedent(
         f"""
         [server]
-        lease_ttl_s = 30
         {server}
         [datasets.{name}]
         provider = "char_lm"

@@ -85,17 +85,18 @@ def validate_meta(meta: Mapping[str, Any], *, where: str = "meta") -> tuple[Fiel
     Raises MetaError that names every missing key, or the key whose value is wrong.
     """
     missing = [k for k in REQUIRED_KEYS if k not in meta]
+    ttype = None
+    if "training_type" in meta:
+        try:
+            ttype = TrainingType(meta["training_type"])
+        except ValueError:
+            raise MetaError(
+                f"{where}: training_type {meta['training_type']!r} is not one of {[t.value for t in TrainingType]}"
+            ) from None
+        missing += [k for k in REQUIRED_BY_TYPE[ttype] if k not in meta]
     if missing:
-        raise MetaError(f"{where} lacks required keys {missing}")
-    try:
-        ttype = TrainingType(meta["training_type"])
-    except ValueError:
-        raise MetaError(
-            f"{where}: training_type {meta['training_type']!r} is not one of {[t.value for t in TrainingType]}"
-        ) from None
-    missing = [k for k in REQUIRED_BY_TYPE[ttype] if k not in meta]
-    if missing:
-        raise MetaError(f"{where} lacks keys {missing}, required for training_type {ttype.value}")
+        needed = f" (training_type {ttype.value} needs {list(REQUIRED_BY_TYPE[ttype])})" if ttype else ""
+        raise MetaError(f"{where} lacks required keys {missing}{needed}")
     for key in ("batch_size", "vocab_size", "block_size", "num_classes", "num_labels"):
         if key in meta and (not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] <= 0):
             raise MetaError(f"{where}: {key} must be a positive int, got {meta[key]!r}")

@@ -49,13 +49,25 @@ async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    bad_config: list[str] = []
+
+    async def fail_fast_on_config_errors() -> None:
+        await server.wait_ready()
+        bad_config.extend(f"datasets.{rt.name}: {rt.last_error}" for rt in server.datasets.values() if rt.config_error)
+        if bad_config:
+            stop.set()
+
+    checker = loop.create_task(fail_fast_on_config_errors())
     try:
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        checker.cancel()
         logging.getLogger("queue_server").info("shutting down")
         await server.stop()
+    if bad_config:
+        raise ConfigError("; ".join(bad_config))
 
 
 def run(coro: object) -> None:
@@ -83,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run(_serve(config, args.ready_file))
+    except ConfigError as exc:
+        print(f"queue-server: config error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"queue-server: {exc}", file=sys.stderr)
         return 1

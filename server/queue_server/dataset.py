@@ -14,7 +14,7 @@ from queue_client.meta import dump_meta, load_meta, meta_from_json, meta_to_json
 from queue_client.schema import FieldSpec
 from queue_server.config import DatasetConfig, ServerConfig
 from queue_server.split_queue import SplitQueue
-from queue_server.workers import WorkerProcess
+from queue_server.workers import WorkerDied, WorkerError, WorkerProcess
 
 log = logging.getLogger("queue_server.dataset")
 
@@ -28,6 +28,9 @@ class DatasetRuntime:
         self.dir = dataset_dir(server.data_root, config.name)
         self.state = STARTING
         self.last_error = ""
+        # True when the dataset failed because its config is wrong (bad provider args):
+        # the CLI exits with an error instead of serving a dataset that can never work.
+        self.config_error = False
         self.meta: dict[str, Any] = {}
         self.meta_json = ""
         self.splits: dict[str, SplitQueue] = {}
@@ -58,9 +61,12 @@ class DatasetRuntime:
         try:
             await self._start()
         except Exception as exc:
-            self.fail(f"{type(exc).__name__}: {exc}" if not isinstance(exc, errors.BatchQueueError) else str(exc))
+            self.config_error = isinstance(exc, errors.ConfigError) or (isinstance(exc, WorkerError) and exc.kind == "ConfigError")
+            known = isinstance(exc, (errors.BatchQueueError, WorkerError, WorkerDied))
+            self.fail(str(exc) if known else f"{type(exc).__name__}: {exc}")
             return
-        self.state = SERVING
+        if self.state == STARTING:  # a worker may have failed the dataset while others started
+            self.state = SERVING
         self.ready.set()
         self._on_state(self)
 

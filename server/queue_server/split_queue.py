@@ -433,6 +433,9 @@ class SplitQueue:
         if mine:
             self._reproduce.discard(mine[0])
             return mine[0], True
+        missing = self._missing_in_windows(w)
+        if missing is not None:
+            return missing, True
         while True:
             seq = self._next_forward[w]
             if not self._in_window(seq):
@@ -443,6 +446,22 @@ class SplitQueue:
                 self._next_forward[w] += self._n
                 continue
             return seq, False
+
+    def _missing_in_windows(self, w: int) -> int | None:
+        """A seq of worker w inside an active rank's window that was produced before but is not
+        on disk (a rank rewound to a checkpoint): produce it again ahead of demand."""
+        if self.config.mode != "deterministic":
+            return None
+        ws = self.world_size
+        for rank in self._last_acquired:
+            first = self._frontier(rank)
+            for k in range(self.config.max_backlog_files + 2):
+                seq = first + k * ws
+                if seq >= self._next_forward[seq % self._n]:
+                    break
+                if seq % self._n == w and seq not in self.files and seq not in self._in_production:
+                    return seq
+        return None
 
     async def _produce(self, w: int, seq: int, reproduce: bool) -> None:
         worker = self._workers[w]

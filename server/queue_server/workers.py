@@ -41,9 +41,10 @@ class WorkerDied(Exception):
 class WorkerError(Exception):
     """The provider raised; the worker process is still alive."""
 
-    def __init__(self, message: str, errno: int = 0) -> None:
+    def __init__(self, message: str, errno: int = 0, kind: str = "") -> None:
         super().__init__(message)
         self.errno = errno
+        self.kind = kind
 
 
 class WorkerProcess:
@@ -89,7 +90,7 @@ class WorkerProcess:
             raise WorkerDied(f"{self.label} (pid {self.pid}) exited with code {code}")
         reply = json.loads(line)
         if not reply.get("ok"):
-            raise WorkerError(reply.get("error", "unknown error"), reply.get("errno") or 0)
+            raise WorkerError(reply.get("error", "unknown error"), reply.get("errno") or 0, reply.get("kind", ""))
         return reply
 
     async def _exit_code(self) -> int | None:

@@ -1,0 +1,140 @@
+"""Faults the core service survives: failing providers, corrupt files, dead clients."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import char_config, subprocess_env, wait_until
+from grpc_health.v1 import health_pb2
+
+from queue_client import QueueClient, errors
+from queue_client.batchfile import load_batch_file, scan_queue
+
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _test_provider_config(provider: str, name: str = "bad", restarts: int = 1) -> str:
+    return textwrap.dedent(
+        f"""
+        [datasets.{name}]
+        provider = "bq_test_providers:{provider}"
+        batch_size = 2
+        batches_per_file = 3
+        max_worker_restarts = {restarts}
+        """
+    )
+
+
+def test_failing_provider_marks_dataset_failed(start_server) -> None:
+    server = start_server(_test_provider_config("FailingProvider"), wait_serving=False)
+    wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
+    stats = server.stats("bad")
+    assert "boom from FailingProvider" in stats["last_error"]
+    assert server.health() == NOT_SERVING
+    assert server.health("batchqueue.v1.BatchQueue/bad") == NOT_SERVING
+    with pytest.raises(errors.ProviderFailed, match="boom from FailingProvider"):
+        QueueClient(server.address, "bad")
+
+
+def test_crashing_worker_is_restarted_and_leaves_no_partial_file(start_server) -> None:
+    server = start_server(_test_provider_config("CrashingProvider", restarts=2), wait_serving=False)
+    wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
+    restarts = [server.split_stats("bad", split)["worker_restarts"] for split in ("train", "val")]
+    assert max(restarts) == 2  # the split that failed first restarted its worker twice, then gave up
+    assert "exited with code 17" in server.stats("bad")["last_error"]
+    qdir = server.data_root / "bad" / "queue" / "train"
+    assert list(qdir.iterdir()) == []  # nothing published, no temp file left behind
+
+
+def test_missing_meta_keys_are_named(start_server) -> None:
+    server = start_server(_test_provider_config("MissingMetaProvider"), wait_serving=False)
+    wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
+    error = server.stats("bad")["last_error"]
+    assert "split_info" in error and "vocab_size" in error
+
+
+def test_schema_violation_names_the_field(start_server) -> None:
+    server = start_server(_test_provider_config("WrongSchemaProvider"), wait_serving=False)
+    wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
+    error = server.stats("bad")["last_error"]
+    assert "'y'" in error and "float32" in error
+
+
+def test_corrupt_file_is_quarantined_and_its_seq_served_again(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus))
+    qdir = server.data_root / "chars" / "queue" / "train"
+    wait_until(lambda: any(n.seq == 0 for n in scan_queue(qdir)), what="seq 0")
+    first = next(n for n in scan_queue(qdir) if n.seq == 0)
+    path = qdir / str(first)
+    expected_x = load_batch_file(path).tensors["x"][0].clone()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # truncated after publication
+    with QueueClient(server.address, "chars") as client:
+        x, _ = client.get_batch("train")
+        assert torch.equal(x, expected_x)  # the same seq, produced again: nothing lost
+    stats = server.split_stats("chars")
+    assert stats["quarantined_files"] == 1 and stats["reproduced_files"] >= 1
+    quarantined = list((server.data_root / "chars" / "quarantine" / "train").iterdir())
+    assert {p.name for p in quarantined} == {first.__str__(), f"{first}.reason.txt"}
+    assert "bytes" in (server.data_root / "chars" / "quarantine" / "train" / f"{first}.reason.txt").read_text()
+
+
+def test_crc_mismatch_is_detected(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus))
+    qdir = server.data_root / "chars" / "queue" / "train"
+    wait_until(lambda: any(n.seq == 0 for n in scan_queue(qdir)), what="seq 0")
+    path = qdir / str(next(n for n in scan_queue(qdir) if n.seq == 0))
+    expected = load_batch_file(path).tensors["y"][0].clone()
+    data = bytearray(path.read_bytes())
+    data[-200] ^= 0xFF  # one flipped byte, same size
+    path.write_bytes(bytes(data))
+    with QueueClient(server.address, "chars") as client:
+        _, y = client.get_batch("train")
+        assert torch.equal(y, expected)
+    assert server.split_stats("chars")["quarantined_files"] == 1
+
+
+def test_killed_client_leases_expire_back_to_its_stream(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus, server="lease_ttl_s = 1.0"))
+    script = f"""
+        import sys
+        from queue_client import QueueClient
+        c = QueueClient("{server.address}", "chars")
+        x, _ = c.get_batch("train")
+        print(x[0].tolist(), flush=True)
+        sys.stdin.read()  # hold the leases until killed
+    """
+    with subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=subprocess_env()) as proc:
+        try:
+            first_row = proc.stdout.readline().strip()
+            wait_until(lambda: server.split_stats("chars")["leased_files"] == 2, what="two leases")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    wait_until(lambda: server.split_stats("chars")["leased_files"] == 0, timeout_s=10, what="leases to expire")
+    stats = server.split_stats("chars")
+    assert stats["leases_expired"] == 2 and stats["consumed_files"] == 0
+    # The same rank comes back and gets the same file: nothing lost, nothing skipped.
+    with QueueClient(server.address, "chars") as client:
+        x, _ = client.get_batch("train")
+        assert str(x[0].tolist()) == first_row
+
+
+def test_dataset_dir_built_from_another_config_is_refused_not_deleted(start_server, corpus: Path, tmp_path: Path) -> None:
+    server = start_server(char_config(corpus, batch_size=4))
+    server.stop()
+    meta = server.data_root / "chars" / "meta.pkl"
+    before = meta.read_bytes()
+    server2 = start_server(char_config(corpus, batch_size=8), wait_serving=False)
+    wait_until(lambda: server2.stats("chars")["state"] == "failed", what="the dataset to fail")
+    error = server2.stats("chars")["last_error"]
+    assert "another config" in error and "nothing is deleted" in error
+    assert meta.read_bytes() == before
