@@ -1,0 +1,43 @@
+# One entry point for people and CI. `make run` serves the default dataset; `make test` runs
+# the suite. Both set up .venv first (torch pinned to the CPU-friendly 2.13.0).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup run test test-all check lint proto proto-check bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(VENV)/bin/queue-server $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+proto: setup
+	$(PY) scripts/gen_proto.py
+
+proto-check: setup
+	$(PY) scripts/gen_proto.py --check
+
+check: lint proto-check test
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
