@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from queue_client.batchfile import load_batch_file
-from queue_client.errors import ConfigError, SchemaMismatch
+from queue_client.errors import ConfigError, MetaError, SchemaMismatch
 from queue_client.meta import split_schema
 from queue_client.schema import check_tensors
 from queue_providers import ProviderContext, create
@@ -51,11 +52,23 @@ def write_stream(path: Path, n_tokens: int, n_words: int, seed: int = 0) -> list
     return lengths
 
 
-def make(tmp_path: Path, *, n_tokens: int = 4000, n_words: int = 5000, batch_size: int = 16, batches_per_file: int = 4, **args):
+def make(
+    tmp_path: Path,
+    *,
+    n_tokens: int = 4000,
+    n_words: int = 5000,
+    batch_size: int = 16,
+    batches_per_file: int = 4,
+    **args,
+):
     vocab = write_vocab(tmp_path / "vocab.txt", n_words)
     lengths = write_stream(tmp_path / "corpus.txt", n_tokens, n_words)
-    ctx = ProviderContext("mlm", tmp_path / "ds", batch_size=batch_size, batches_per_file=batches_per_file)
-    p = create("bert_mlm", ctx, {"input": str(tmp_path / "corpus.txt"), "tokenizer": str(vocab), **args})
+    ctx = ProviderContext(
+        "mlm", tmp_path / "ds", batch_size=batch_size, batches_per_file=batches_per_file
+    )
+    p = create(
+        "bert_mlm", ctx, {"input": str(tmp_path / "corpus.txt"), "tokenizer": str(vocab), **args}
+    )
     meta = p.complete_meta()
     p.set_meta(meta)
     return p, meta, lengths
@@ -64,7 +77,12 @@ def make(tmp_path: Path, *, n_tokens: int = 4000, n_words: int = 5000, batch_siz
 def test_masking_rates_over_400k_tokens_and_specials_are_never_masked(tmp_path: Path) -> None:
     t = 128
     p, meta, _ = make(tmp_path, batch_size=256, block_size=t)
-    assert (meta["mask_token_id"], meta["cls_token_id"], meta["sep_token_id"], meta["pad_token_id"]) == (MASK, CLS, SEP, PAD)
+    assert (
+        meta["mask_token_id"],
+        meta["cls_token_id"],
+        meta["sep_token_id"],
+        meta["pad_token_id"],
+    ) == (MASK, CLS, SEP, PAD)
     g = torch.Generator().manual_seed(0)
     ids, labels = [], []
     for _ in range(14):  # 14 * 256 * 126 = 451k maskable tokens
@@ -80,7 +98,9 @@ def test_masking_rates_over_400k_tokens_and_specials_are_never_masked(tmp_path: 
     selected = content_labels != IGNORE
     # The originals: labels where selected, input elsewhere, are a consecutive run of the corpus.
     original = torch.where(selected, content_labels, content_ids)
-    assert torch.all(original.diff(dim=1) == 1), "labels and unselected ids restore the corpus window"
+    assert torch.all(original.diff(dim=1) == 1), (
+        "labels and unselected ids restore the corpus window"
+    )
     assert torch.all(original >= 5), "labels never name a special token"
     n = selected.numel()
     rate = selected.sum().item() / n
@@ -97,7 +117,9 @@ def test_masking_rates_over_400k_tokens_and_specials_are_never_masked(tmp_path: 
     assert abs(unchanged - (0.1 + 0.1 / normal)) < 0.01, unchanged
     assert abs(replaced - 0.1 * (1 - 1 / normal)) < 0.01, replaced
     random_ids = sel_in[(sel_in != MASK) & (sel_in != sel_orig)]
-    assert not torch.isin(random_ids, torch.tensor(meta["special_ids"])).any(), "random replacements are never special"
+    assert not torch.isin(random_ids, torch.tensor(meta["special_ids"])).any(), (
+        "random replacements are never special"
+    )
     # Unselected tokens are untouched.
     assert torch.all(content_ids[~selected] == original[~selected])
 
@@ -112,10 +134,17 @@ def longest_first(la: int, lb: int, m: int) -> tuple[int, int]:
     return la, lb
 
 
-def test_pairs_are_consecutive_lines_truncated_longest_first_and_padding_is_never_masked(tmp_path: Path) -> None:
+def test_pairs_are_consecutive_lines_truncated_longest_first_and_padding_is_never_masked(
+    tmp_path: Path,
+) -> None:
     t = 48
     p, meta, lengths = make(tmp_path, batch_size=256, block_size=t, pairs=True)
-    assert [f["name"] for f in meta["batch_schema"]] == ["input_ids", "token_type_ids", "attention_mask", "labels"]
+    assert [f["name"] for f in meta["batch_schema"]] == [
+        "input_ids",
+        "token_type_ids",
+        "attention_mask",
+        "labels",
+    ]
     n_train = int(len(lengths) * 0.9)
     starts = np.concatenate([[0], np.cumsum(lengths)])[: n_train + 1]
     line_of_start = {int(s): i for i, s in enumerate(starts[:-1])}
@@ -138,7 +167,9 @@ def test_pairs_are_consecutive_lines_truncated_longest_first_and_padding_is_neve
             i = line_of_start[a[0] - 5]
             assert bb[0] - 5 == starts[i + 1], "b is the line after a"
             assert (len(a), len(bb)) == longest_first(lengths[i], lengths[i + 1], t - 3)
-            assert a == list(range(a[0], a[0] + len(a))) and bb == list(range(bb[0], bb[0] + len(bb)))
+            assert a == list(range(a[0], a[0] + len(a))) and bb == list(
+                range(bb[0], bb[0] + len(bb))
+            )
             assert o[0] == CLS and all(x == PAD for x in o[sep2 + 1 :])
             assert tt[row].tolist() == [0] * (sep1 + 1) + [1] * (sep2 - sep1) + [0] * (t - sep2 - 1)
             assert am[row].tolist() == [1] * (sep2 + 1) + [0] * (t - sep2 - 1)
@@ -146,13 +177,20 @@ def test_pairs_are_consecutive_lines_truncated_longest_first_and_padding_is_neve
     assert abs(selected_total / maskable_total - 0.15) < 0.008
 
 
-def test_produced_file_matches_schema_and_a_mismatched_schema_names_the_field(tmp_path: Path) -> None:
+def test_produced_file_matches_schema_and_a_mismatched_schema_names_the_field(
+    tmp_path: Path,
+) -> None:
     p, meta, _ = make(tmp_path, block_size=32)
     out = tmp_path / "q"
     out.mkdir()
     f = load_batch_file(out / str(p.produce_file("val", 0, out).name))
     check_tensors(split_schema(meta, "val"), f.tensors, (4, 16))
-    bad = {**meta, "batch_schema": [dict(x, dtype="int32") if x["name"] == "labels" else x for x in meta["batch_schema"]]}
+    bad = {
+        **meta,
+        "batch_schema": [
+            dict(x, dtype="int32") if x["name"] == "labels" else x for x in meta["batch_schema"]
+        ],
+    }
     p.set_meta(bad)
     with pytest.raises(SchemaMismatch, match=r"field 'labels' has dtype int64, schema says int32"):
         p.produce_file("train", 0, out)
@@ -162,48 +200,106 @@ def test_vocab_without_mask_fails_at_start_naming_the_file(tmp_path: Path) -> No
     vocab = write_vocab(tmp_path / "nomask.txt", 10, specials=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
     write_stream(tmp_path / "c.txt", 100, 10)
     with pytest.raises(ConfigError, match=r"tokenizer .*nomask\.txt has no \[MASK\] token"):
-        create("bert_mlm", ProviderContext("m", tmp_path, batch_size=2), {"input": str(tmp_path / "c.txt"), "tokenizer": str(vocab)})
+        create(
+            "bert_mlm",
+            ProviderContext("m", tmp_path, batch_size=2),
+            {"input": str(tmp_path / "c.txt"), "tokenizer": str(vocab)},
+        )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({"mask_replace": 0.95, "random_replace": 0.1}, r"mask_replace \+ random_replace = 1\.05 exceeds 1"),
+        (
+            {"mask_replace": 0.95, "random_replace": 0.1},
+            r"mask_replace \+ random_replace = 1\.05 exceeds 1",
+        ),
         ({"mlm_probability": 0}, r"mlm_probability must lie in \(0, 1\]"),
         ({"lowercase": False, "tokenizer": "tok.json"}, r"lowercase applies to a vocab\.txt only"),
         ({"input": "missing.txt"}, r"input 'missing\.txt' is not a file"),
         ({"block_size": 2}, r"block_size must be an int >= 3"),
     ],
 )
-def test_bad_config_fails_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: dict, message: str) -> None:
+def test_bad_config_fails_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: dict, message: str
+) -> None:
     monkeypatch.chdir(tmp_path)
     write_vocab(tmp_path / "vocab.txt", 50)
     write_stream(tmp_path / "c.txt", 400, 50)
     train_wordpiece([tmp_path / "c.txt"], vocab_size=100, out=tmp_path / "tok.json")
     with pytest.raises(ConfigError, match=message):
-        create("bert_mlm", ProviderContext("m", tmp_path, batch_size=2), {"input": "c.txt", "tokenizer": "vocab.txt", **args})
+        create(
+            "bert_mlm",
+            ProviderContext("m", tmp_path, batch_size=2),
+            {"input": "c.txt", "tokenizer": "vocab.txt", **args},
+        )
 
 
 def test_corpus_too_small_fails_in_build_meta(tmp_path: Path) -> None:
     write_vocab(tmp_path / "vocab.txt", 50)
     write_stream(tmp_path / "c.txt", 400, 50)
-    p = create("bert_mlm", ProviderContext("m", tmp_path, batch_size=2), {"input": str(tmp_path / "c.txt"), "tokenizer": str(tmp_path / "vocab.txt"), "block_size": 100})
-    with pytest.raises(ConfigError, match=r"the val split has \d+ tokens, fewer than block_size-2=98"):
+    p = create(
+        "bert_mlm",
+        ProviderContext("m", tmp_path, batch_size=2),
+        {
+            "input": str(tmp_path / "c.txt"),
+            "tokenizer": str(tmp_path / "vocab.txt"),
+            "block_size": 100,
+        },
+    )
+    with pytest.raises(
+        ConfigError, match=r"the val split has \d+ tokens, fewer than block_size-2=98"
+    ):
         p.complete_meta()
 
 
 def test_train_wordpiece_command_makes_a_tokenizer_bert_mlm_uses(tmp_path: Path) -> None:
     text = tmp_path / "prose.txt"
     gen = np.random.default_rng(1)
-    words = ["serving", "served", "server", "batches", "batching", "queued", "queues", "leasing", "leased", "ranks"]
+    words = [
+        "serving",
+        "served",
+        "server",
+        "batches",
+        "batching",
+        "queued",
+        "queues",
+        "leasing",
+        "leased",
+        "ranks",
+    ]
     text.write_text("\n".join(" ".join(gen.choice(words, 12)) for _ in range(3000)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "providers"), str(ROOT / "client"), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "queue_providers.train_wordpiece", "--input", str(text), "--vocab-size", "60", "--out", str(tmp_path / "wp.json")]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "providers"), str(ROOT / "client"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "queue_providers.train_wordpiece",
+        "--input",
+        str(text),
+        "--vocab-size",
+        "60",
+        "--out",
+        str(tmp_path / "wp.json"),
+    ]
     subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=60)
-    assert train_wordpiece_main(["--input", str(text), "--vocab-size", "60", "--out", str(tmp_path / "vocab.txt")]) == 0
+    assert (
+        train_wordpiece_main(
+            ["--input", str(text), "--vocab-size", "60", "--out", str(tmp_path / "vocab.txt")]
+        )
+        == 0
+    )
     for tok in ("wp.json", "vocab.txt"):
         ctx = ProviderContext("m", tmp_path / f"ds-{tok}", batch_size=64)
-        p = create("bert_mlm", ctx, {"input": str(text), "tokenizer": str(tmp_path / tok), "block_size": 64})
+        p = create(
+            "bert_mlm",
+            ctx,
+            {"input": str(text), "tokenizer": str(tmp_path / tok), "block_size": 64},
+        )
         meta = p.complete_meta()
         p.set_meta(meta)
         assert meta["special_ids"] == [0, 1, 2, 3, 4] and meta["mask_token_id"] == 4
@@ -221,7 +317,9 @@ def test_example_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     Path(args["input"]).parent.mkdir(parents=True, exist_ok=True)
     write_stream(Path(args["input"]), 20_000, 300)
     train_wordpiece([args["input"]], vocab_size=400, out=args["tokenizer"])
-    ctx = ProviderContext(name, tmp_path / "root" / name, batch_size=table["batch_size"], batches_per_file=2)
+    ctx = ProviderContext(
+        name, tmp_path / "root" / name, batch_size=table["batch_size"], batches_per_file=2
+    )
     p = create(table["provider"], ctx, args)
     p.set_meta(p.complete_meta())
     (tmp_path / "q").mkdir()
@@ -229,16 +327,37 @@ def test_example_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert f.tensors["input_ids"].shape == (2, table["batch_size"], args["block_size"])
 
 
-def test_workers_map_the_cached_corpus_instead_of_tokenizing_again(tmp_path: Path) -> None:
+def test_workers_load_the_corpus_cache_meta_names_even_after_the_input_changes(
+    tmp_path: Path,
+) -> None:
     p, meta, _ = make(tmp_path, block_size=32)
-    # A worker: a fresh provider over the same dataset dir, given the settled meta.
-    ctx = ProviderContext("mlm", tmp_path / "ds", batch_size=16, batches_per_file=4)
-    worker = create("bert_mlm", ctx, {"input": str(tmp_path / "corpus.txt"), "tokenizer": str(tmp_path / "vocab.txt"), "block_size": 32})
-    worker._build = None  # type: ignore[assignment]  # building again would fail
-    worker.set_meta(meta)
+    args = {
+        "input": str(tmp_path / "corpus.txt"),
+        "tokenizer": str(tmp_path / "vocab.txt"),
+        "block_size": 32,
+    }
+
+    def worker():
+        """A fresh provider over the same dataset dir, as a worker process builds one."""
+        w = create("bert_mlm", ProviderContext("mlm", tmp_path / "ds", batch_size=16), args)
+        w._build = None  # type: ignore[assignment]  # tokenizing again would fail
+        return w
+
+    w = worker()
+    w.set_meta(meta)
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    a, b = p.sample_batch("train", g1), worker.sample_batch("train", g2)
+    a, b = p.sample_batch("train", g1), w.sample_batch("train", g2)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # The corpus changes under a running server: workers still serve what meta describes.
+    write_stream(tmp_path / "corpus.txt", 9000, 5000, seed=7)
+    w = worker()
+    w.set_meta(meta)
+    b = w.sample_batch("train", torch.Generator().manual_seed(5))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # ... and if that cache is gone too, they refuse rather than serve other data.
+    shutil.rmtree(tmp_path / "ds" / "artifacts" / meta["artifacts"])
+    with pytest.raises(MetaError, match=r"the inputs changed since meta was built"):
+        worker().set_meta(meta)
 
 
 class TinyMLM(torch.nn.Module):
@@ -287,7 +406,9 @@ def test_tiny_mlm_trains_through_queue_client(tmp_path: Path, start_server) -> N
             assert isinstance(batch, dict)
             check_tensors(client.schema("train"), batch, (32,))
             logits = model(batch["input_ids"], batch["attention_mask"])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), batch["labels"].reshape(-1), ignore_index=IGNORE)
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, vocab), batch["labels"].reshape(-1), ignore_index=IGNORE
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -36,7 +36,9 @@ def provider(tmp_path: Path, *, batch_size: int = 32, batches_per_file: int = 4,
     corpus = tmp_path / "corpus.txt"
     if not corpus.exists():
         write_text(corpus)
-    ctx = ProviderContext("cd", tmp_path / "ds", batch_size=batch_size, batches_per_file=batches_per_file)
+    ctx = ProviderContext(
+        "cd", tmp_path / "ds", batch_size=batch_size, batches_per_file=batches_per_file
+    )
     p = create("char_diffusion", ctx, {"input": str(corpus), **args})
     meta = p.complete_meta()
     p.set_meta(meta)
@@ -83,7 +85,11 @@ def test_range_stage_draws_one_rate_per_sample_uniformly(tmp_path: Path) -> None
 
 
 def test_stages_switch_at_their_batch_positions_and_val_uses_the_last(tmp_path: Path) -> None:
-    stages = [{"mask_rate": 0.1, "batches": 6}, {"mask_rate": 0.5, "batches": 4}, {"mask_rate": 0.9}]
+    stages = [
+        {"mask_rate": 0.1, "batches": 6},
+        {"mask_rate": 0.5, "batches": 4},
+        {"mask_rate": 0.9},
+    ]
     p, meta = provider(tmp_path, batch_size=32, block_size=256, batches_per_file=4, stages=stages)
     assert meta["stages"] == [
         {"mask_rate": 0.1, "batches": 6},
@@ -112,7 +118,10 @@ def test_meta_and_schema(tmp_path: Path) -> None:
     assert meta["vocab_size"] == len(set(text)) + 1
     assert meta["stoi"] == {c: i for i, c in enumerate(sorted(set(text)))}
     assert meta["split_info"] == {"train": {"tokens": 54_000}, "val": {"tokens": 6000}}
-    assert [(f["name"], f["dtype"], f["shape"]) for f in meta["batch_schema"]] == [("x", "int64", [64]), ("y", "int64", [64])]
+    assert [(f["name"], f["dtype"], f["shape"]) for f in meta["batch_schema"]] == [
+        ("x", "int64", [64]),
+        ("y", "int64", [64]),
+    ]
     assert meta["stages"] == [{"mask_rate": [0.05, 1.0], "batches": None}]
 
 
@@ -132,12 +141,22 @@ def test_meta_and_schema(tmp_path: Path) -> None:
 )
 def test_bad_stages_fail_at_start(tmp_path: Path, stages: list, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        create("char_diffusion", ProviderContext("cd", tmp_path, batch_size=2), {"input": str(write_text(tmp_path / "c.txt")), "stages": stages})
+        create(
+            "char_diffusion",
+            ProviderContext("cd", tmp_path, batch_size=2),
+            {"input": str(write_text(tmp_path / "c.txt")), "stages": stages},
+        )
 
 
 def test_text_shorter_than_a_window_fails_at_start(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"the val split has 100 characters, fewer than block_size=256"):
-        create("char_diffusion", ProviderContext("cd", tmp_path, batch_size=2), {"input": str(write_text(tmp_path / "c.txt", 1000)), "block_size": 256})
+    with pytest.raises(
+        ConfigError, match=r"the val split has 100 characters, fewer than block_size=256"
+    ):
+        create(
+            "char_diffusion",
+            ProviderContext("cd", tmp_path, batch_size=2),
+            {"input": str(write_text(tmp_path / "c.txt", 1000)), "block_size": 256},
+        )
 
 
 def test_example_config_runs(tmp_path: Path) -> None:
@@ -196,7 +215,9 @@ def test_tiny_denoiser_trains_through_queue_client(tmp_path: Path, start_server)
         for _ in range(30):
             x, y = client.get_batch("train")
             check_tensors(client.schema("train"), {"x": x, "y": y}, (16,))
-            loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE)
+            loss = torch.nn.functional.cross_entropy(
+                model(x).reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()

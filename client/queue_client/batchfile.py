@@ -41,14 +41,14 @@ TMP_PREFIX = ".tmp-"
 if TYPE_CHECKING:
     import torch
 
-_NAME_RE = re.compile(r"^(\d{13})-(\d{10})-(\d+)\.pt$")
-_DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_SPLIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_NAME_RE = re.compile(r"([0-9]{13})-([0-9]{10})-([0-9]+)\.pt")
+_DATASET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SPLIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 def check_dataset_name(name: str) -> str:
     """Reject names that could leave the data root (`..`, `/`, NUL, absolute paths)."""
-    if not isinstance(name, str) or not _DATASET_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _DATASET_RE.fullmatch(name) or ".." in name:
         raise InvalidRequest(
             f"dataset name {name!r} is not allowed: use letters, digits, '.', '_' and '-' "
             "(no '..', no '/'), at most 128 characters"
@@ -57,7 +57,7 @@ def check_dataset_name(name: str) -> str:
 
 
 def check_split_name(split: str) -> str:
-    if not isinstance(split, str) or not _SPLIT_RE.match(split):
+    if not isinstance(split, str) or not _SPLIT_RE.fullmatch(split):
         raise InvalidRequest(f"split name {split!r} is not allowed: use letters, digits, '_' and '-'")
     return split
 
@@ -85,7 +85,7 @@ class BatchFileName:
     @classmethod
     def parse(cls, name: str) -> BatchFileName | None:
         """The parsed name, or None for anything that is not a published batch file."""
-        m = _NAME_RE.match(name)
+        m = _NAME_RE.fullmatch(name)
         if m is None:
             return None
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)))

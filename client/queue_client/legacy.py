@@ -29,7 +29,7 @@ class LegacyClient:
         meta_path = self.data_dir / "meta.pkl"
         self.meta: dict[str, Any] = load_meta(meta_path) if meta_path.exists() else {}
         size = batch_size if batch_size is not None else self.meta.get("batch_size")
-        if not isinstance(size, int) or size <= 0:
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise MetaError(
                 f"batch_size is needed: pass batch_size=..., or put it in {meta_path} (got {size!r})"
             )
@@ -49,6 +49,8 @@ class LegacyClient:
         if not isinstance(tensors, dict) or "x" not in tensors or "y" not in tensors:
             raise CorruptBatchFile(f"{path}: expected a dict with tensors 'x' and 'y'")
         x, y = tensors["x"], tensors["y"]
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.dim() < 1 or y.dim() < 1:
+            raise CorruptBatchFile(f"{path}: 'x' and 'y' must be tensors with a sample axis")
         if x.shape[0] != y.shape[0] or x.shape[0] == 0:
             raise CorruptBatchFile(f"{path}: x has {x.shape[0]} samples, y has {y.shape[0]}")
         return x, y

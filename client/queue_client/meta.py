@@ -114,7 +114,8 @@ def split_schema(meta: Mapping[str, Any], split: str) -> tuple[FieldSpec, ...]:
 
 def _encode(value: Any) -> Any:
     if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value):
+        # A str-keyed dict that looks like the marker itself is encoded as items too.
+        if all(isinstance(k, str) for k in value) and set(value) != {"__items__"}:
             return {k: _encode(v) for k, v in value.items()}
         return {"__items__": [[_encode(k), _encode(v)] for k, v in value.items()]}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -135,7 +136,7 @@ def _decode(value: Any) -> Any:
 
 
 def _hashable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
 
 
 def meta_to_json(meta: Mapping[str, Any]) -> str:

@@ -49,8 +49,11 @@ class FieldSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise MetaError(f"schema field name {self.name!r} must be an identifier")
-        check_dtype_name(self.dtype)
-        if not all(isinstance(d, int) and d > 0 for d in self.shape):
+        try:
+            check_dtype_name(self.dtype)
+        except MetaError as exc:
+            raise MetaError(f"schema field {self.name!r}: {exc}") from None
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in self.shape):
             raise MetaError(f"schema field {self.name!r}: shape {self.shape!r} must be positive ints")
         if self.role not in ROLES:
             raise MetaError(f"schema field {self.name!r}: role {self.role!r} not in {ROLES}")

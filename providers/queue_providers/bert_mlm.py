@@ -28,7 +28,6 @@ import torch
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.tokenize_util import (
-    ARTIFACTS_DIR,
     BERT_SPECIALS,
     CLS,
     IGNORE_INDEX,
@@ -37,10 +36,10 @@ from queue_providers.tokenize_util import (
     SEP,
     as_paths,
     cache_key,
-    cached_arrays,
     check_block_size,
     encode_texts,
     file_identity,
+    load_artifacts,
     load_tokenizer,
     pair_rows,
     read_lines,
@@ -55,7 +54,9 @@ def _probability(name: str, value: Any, *, open_low: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{WHO}: {name} must be a number in [0, 1], got {value!r}")
     if not (0.0 < value <= 1.0 if open_low else 0.0 <= value <= 1.0):
-        raise ConfigError(f"{WHO}: {name} must lie in {'(0, 1]' if open_low else '[0, 1]'}, got {value!r}")
+        raise ConfigError(
+            f"{WHO}: {name} must lie in {'(0, 1]' if open_low else '[0, 1]'}, got {value!r}"
+        )
     return float(value)
 
 
@@ -81,7 +82,9 @@ class BertMLMProvider(DataProviderBase):
         self.pairs = bool(pairs)
         self.block_size = check_block_size(block_size, minimum=5 if self.pairs else 3, who=WHO)
         self.inputs = as_paths(input, key="input", who=WHO)
-        self.val_inputs = None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
+        self.val_inputs = (
+            None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
+        )
         if self.val_inputs is None and not 0.0 < train_fraction < 1.0:
             raise ConfigError(f"{WHO}: train_fraction must lie in (0, 1), got {train_fraction!r}")
         self.train_fraction = float(train_fraction)
@@ -101,6 +104,7 @@ class BertMLMProvider(DataProviderBase):
             raise ConfigError(f"{WHO}: tokenizer {self.tok.path} has only special tokens")
         self._arrays: dict[str, np.ndarray] = {}
         self._info: dict[str, Any] = {}
+        self._key = ""
 
     # ---- corpus --------------------------------------------------------------------------------
     def _cache_key(self) -> str:
@@ -119,38 +123,52 @@ class BertMLMProvider(DataProviderBase):
         info: dict[str, Any] = {}
         for split, split_lines in by_split.items():
             ragged = encode_texts(self.tok, split_lines)
-            ragged = ragged.take(np.flatnonzero(ragged.lengths > 0))  # lines the normalizer emptied
+            ragged = ragged.without_empty()  # lines the normalizer emptied
             arrays[f"{split}_ids"], arrays[f"{split}_offsets"] = ragged.flat, ragged.offsets
             info[split] = {"lines": len(ragged), "tokens": len(ragged.flat)}
         return arrays, info
 
-    def _load(self) -> None:
+    def _load(self, pinned: str | None = None) -> None:
         if self._arrays:
             return
-        root = self.context.dataset_dir / ARTIFACTS_DIR
-        arrays, info = cached_arrays(root, self._cache_key(), self._build)
+        key, arrays, info = load_artifacts(
+            self.context.dataset_dir, self._cache_key(), pinned, self._build
+        )
         for split in SPLITS:
             lines, tokens = info[split]["lines"], info[split]["tokens"]
             if self.pairs and lines < 2:
-                raise ConfigError(f"{WHO}: the {split} split has {lines} non-empty line(s); pairs need 2 or more")
+                raise ConfigError(
+                    f"{WHO}: the {split} split has {lines} non-empty line(s); pairs need 2 or more"
+                )
             if not self.pairs and tokens < self.block_size - 2:
                 raise ConfigError(
                     f"{WHO}: the {split} split has {tokens} tokens, fewer than block_size-2="
                     f"{self.block_size - 2}: use more text or a smaller block_size"
                 )
-        self._arrays, self._info = arrays, info
+        self._key, self._arrays, self._info = key, arrays, info
 
     # ---- meta --------------------------------------------------------------------------------------
     def build_meta(self) -> dict[str, Any]:
         self._load()
         t = self.block_size
-        fields = ["input_ids", *(["token_type_ids"] if self.pairs else []), "attention_mask", "labels"]
-        roles = {"input_ids": "input", "token_type_ids": "input", "attention_mask": "mask", "labels": "target"}
+        fields = [
+            "input_ids",
+            *(["token_type_ids"] if self.pairs else []),
+            "attention_mask",
+            "labels",
+        ]
+        roles = {
+            "input_ids": "input",
+            "token_type_ids": "input",
+            "attention_mask": "mask",
+            "labels": "target",
+        }
         return {
             "training_type": "MLM",
             "vocab_size": self.tok.vocab_size,
             "block_size": t,
             "tokenizer": os.fspath(self.tok.path),
+            "artifacts": self._key,
             "pad_token_id": self.tok.id(PAD),
             "cls_token_id": self.tok.id(CLS),
             "sep_token_id": self.tok.id(SEP),
@@ -161,13 +179,15 @@ class BertMLMProvider(DataProviderBase):
             "mlm_probability": self.mlm_probability,
             "mask_replace": self.mask_replace,
             "random_replace": self.random_replace,
-            "batch_schema": [{"name": n, "dtype": "int64", "shape": [t], "role": roles[n]} for n in fields],
+            "batch_schema": [
+                {"name": n, "dtype": "int64", "shape": [t], "role": roles[n]} for n in fields
+            ],
             "split_info": {split: dict(self._info[split]) for split in SPLITS},
         }
 
     def set_meta(self, meta: Mapping[str, Any]) -> None:
         super().set_meta(meta)
-        self._load()
+        self._load(meta.get("artifacts"))
 
     # ---- sampling ----------------------------------------------------------------------------
     def clean_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
@@ -177,27 +197,35 @@ class BertMLMProvider(DataProviderBase):
         b, t = self.batch_size, self.block_size
         if self.pairs:
             i = torch.randint(len(offsets) - 2, (b,), generator=rng).numpy()
-            a0, a1, b1 = (torch.from_numpy(np.asarray(offsets[i + k], dtype=np.int64)) for k in range(3))
+            a0, a1, b1 = (
+                torch.from_numpy(np.asarray(offsets[i + k], dtype=np.int64)) for k in range(3)
+            )
             layout = pair_rows(a0, a1 - a0, a1, b1 - a1, t)
         else:
             starts = torch.randint(len(ids) - (t - 2) + 1, (b,), generator=rng)
             layout = single_rows(starts, torch.full((b,), t - 2), t)
         out = {
-            "input_ids": layout.input_ids(ids, cls=self.tok.id(CLS), sep=self.tok.id(SEP), pad=self.tok.id(PAD)),
+            "input_ids": layout.input_ids(
+                ids, cls=self.tok.id(CLS), sep=self.tok.id(SEP), pad=self.tok.id(PAD)
+            ),
             "attention_mask": layout.attention_mask(),
         }
         if self.pairs:
             out["token_type_ids"] = layout.token_type_ids()
         return out
 
-    def mask_tokens(self, input_ids: torch.Tensor, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask_tokens(
+        self, input_ids: torch.Tensor, rng: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """BERT's corruption of `input_ids`: (corrupted ids, labels)."""
         shape = input_ids.shape
         candidate = ~torch.isin(input_ids, self._special)
         selected = (torch.rand(shape, generator=rng) < self.mlm_probability) & candidate
         u = torch.rand(shape, generator=rng)
         to_mask = selected & (u < self.mask_replace)
-        to_random = selected & (u >= self.mask_replace) & (u < self.mask_replace + self.random_replace)
+        to_random = (
+            selected & (u >= self.mask_replace) & (u < self.mask_replace + self.random_replace)
+        )
         random_ids = self._normal_ids[torch.randint(len(self._normal_ids), shape, generator=rng)]
         corrupted = torch.where(to_mask, self.tok.id(MASK), input_ids)
         corrupted = torch.where(to_random, random_ids, corrupted)

@@ -60,14 +60,18 @@ def parse_stages(raw: Sequence[Mapping[str, Any]]) -> tuple[Stage, ...]:
             raise ConfigError(f"{where} must be a table like {{mask_rate = 0.15, batches = 1000}}")
         unknown = sorted(set(item) - {"mask_rate", "batches"})
         if unknown:
-            raise ConfigError(f"{where} has unknown key(s) {unknown}; expected mask_rate and batches")
+            raise ConfigError(
+                f"{where} has unknown key(s) {unknown}; expected mask_rate and batches"
+            )
         if "mask_rate" not in item:
             raise ConfigError(f"{where} lacks mask_rate")
         rate = item["mask_rate"]
         if isinstance(rate, (int, float)) and not isinstance(rate, bool):
             lo = hi = float(rate)
-        elif isinstance(rate, (list, tuple)) and len(rate) == 2 and all(
-            isinstance(r, (int, float)) and not isinstance(r, bool) for r in rate
+        elif (
+            isinstance(rate, (list, tuple))
+            and len(rate) == 2
+            and all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rate)
         ):
             lo, hi = float(rate[0]), float(rate[1])
         else:
@@ -77,9 +81,13 @@ def parse_stages(raw: Sequence[Mapping[str, Any]]) -> tuple[Stage, ...]:
         batches = item.get("batches")
         last = i == len(raw) - 1
         if last and batches is not None:
-            raise ConfigError(f"{where} is the last stage, which lasts for the rest of the run: drop its batches")
+            raise ConfigError(
+                f"{where} is the last stage, which lasts for the rest of the run: drop its batches"
+            )
         if not last and (not isinstance(batches, int) or isinstance(batches, bool) or batches <= 0):
-            raise ConfigError(f"{where}.batches must be a positive int (every stage but the last ends), got {batches!r}")
+            raise ConfigError(
+                f"{where}.batches must be a positive int (every stage but the last ends), got {batches!r}"
+            )
         stages.append(Stage(lo, hi, batches))
     return tuple(stages)
 
@@ -106,9 +114,13 @@ class CharDiffusionProvider(DataProviderBase):
     ) -> None:
         super().__init__(context)
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
-            raise ConfigError(f"char_diffusion: block_size must be a positive int, got {block_size!r}")
+            raise ConfigError(
+                f"char_diffusion: block_size must be a positive int, got {block_size!r}"
+            )
         if not 0.0 < train_fraction < 1.0:
-            raise ConfigError(f"char_diffusion: train_fraction must lie in (0, 1), got {train_fraction!r}")
+            raise ConfigError(
+                f"char_diffusion: train_fraction must lie in (0, 1), got {train_fraction!r}"
+            )
         self.block_size = block_size
         self.stages = parse_stages(stages)
         # Stage boundaries in batches: stage k covers [ends[k-1], ends[k]).
@@ -123,7 +135,10 @@ class CharDiffusionProvider(DataProviderBase):
         ids, self.chars = encode_chars(text)
         self.mask_id = len(self.chars)
         n_train = int(len(ids) * train_fraction)
-        self.data = {"train": torch.from_numpy(ids[:n_train]), "val": torch.from_numpy(ids[n_train:])}
+        self.data = {
+            "train": torch.from_numpy(ids[:n_train]),
+            "val": torch.from_numpy(ids[n_train:]),
+        }
         for split, data in self.data.items():
             if len(data) < block_size:
                 raise ConfigError(
@@ -166,10 +181,14 @@ class CharDiffusionProvider(DataProviderBase):
         starts = torch.randint(len(data) - self.block_size + 1, (self.batch_size, 1), generator=rng)
         return data[starts + self._offsets]
 
-    def corrupt(self, clean: torch.Tensor, stage: Stage, rng: torch.Generator) -> dict[str, torch.Tensor]:
+    def corrupt(
+        self, clean: torch.Tensor, stage: Stage, rng: torch.Generator
+    ) -> dict[str, torch.Tensor]:
         """Mask each position with its row's rate, drawn from the stage."""
         rows = clean.shape[0]
-        rate = stage.lo + (stage.hi - stage.lo) * torch.rand(rows, 1, generator=rng, dtype=torch.float64)
+        rate = stage.lo + (stage.hi - stage.lo) * torch.rand(
+            rows, 1, generator=rng, dtype=torch.float64
+        )
         masked = torch.rand(clean.shape, generator=rng, dtype=torch.float64) < rate
         return {
             "x": torch.where(masked, self.mask_id, clean),

@@ -25,17 +25,16 @@ import torch
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.tokenize_util import (
-    ARTIFACTS_DIR,
     CLS,
     PAD,
     SEP,
     as_paths,
     cache_key,
-    cached_arrays,
     check_block_size,
     derive_label_map,
     encode_texts,
     file_identity,
+    load_artifacts,
     load_tokenizer,
     parse_label_map,
     single_rows,
@@ -80,7 +79,9 @@ def read_jsonl(path: Path, text_field: str, label_field: str) -> list[Example]:
             if missing:
                 raise ConfigError(f"{where}: object lacks {missing} (keys: {sorted(obj)})")
             if not isinstance(obj[text_field], str):
-                raise ConfigError(f"{where}: {text_field} must be a string, got {obj[text_field]!r}")
+                raise ConfigError(
+                    f"{where}: {text_field} must be a string, got {obj[text_field]!r}"
+                )
             examples.append(Example(obj[text_field], _label_str(obj[label_field], where), where))
     return examples
 
@@ -136,7 +137,9 @@ class ClassificationProvider(DataProviderBase):
         super().__init__(context)
         self.block_size = check_block_size(block_size, minimum=3, who=WHO)
         self.inputs = as_paths(input, key="input", who=WHO)
-        self.val_inputs = None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
+        self.val_inputs = (
+            None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
+        )
         if self.val_inputs is None and not 0.0 < train_fraction < 1.0:
             raise ConfigError(f"{WHO}: train_fraction must lie in (0, 1), got {train_fraction!r}")
         self.train_fraction = float(train_fraction)
@@ -151,29 +154,36 @@ class ClassificationProvider(DataProviderBase):
         self.tok = load_tokenizer(tokenizer, lowercase=lowercase, who=WHO)
         self._arrays: dict[str, np.ndarray] = {}
         self._info: dict[str, Any] = {}
+        self._key = ""
 
     # ---- examples ---------------------------------------------------------------------------
     def _read(self, paths: Sequence[Path]) -> list[Example]:
-        return [e for p in paths for e in read_examples(p, self.text_field, self.label_field, self.format)]
+        return [
+            e
+            for p in paths
+            for e in read_examples(p, self.text_field, self.label_field, self.format)
+        ]
 
     def _build(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         train = self._read(self.inputs)
-        if self.val_inputs is None:
+        val = None if self.val_inputs is None else self._read(self.val_inputs)
+        everything = train + (val or [])
+        label_map = self.config_label_map or derive_label_map(e.label for e in everything)
+        for e in everything:  # in file order, so the error names the first bad line
+            if e.label not in label_map:
+                raise ConfigError(
+                    f"{e.where}: label {e.label!r} is not in label_map (labels: {sorted(label_map)})"
+                )
+        if val is None:
             tr, va = split_indices(len(train), self.train_fraction, who=WHO)
             by_split = {"train": [train[i] for i in tr], "val": [train[i] for i in va]}
         else:
-            by_split = {"train": train, "val": self._read(self.val_inputs)}
-        label_map = self.config_label_map or derive_label_map(e.label for s in by_split.values() for e in s)
+            by_split = {"train": train, "val": val}
         arrays: dict[str, np.ndarray] = {}
         info: dict[str, Any] = {"label_map": label_map}
         for split, examples in by_split.items():
             if not examples:
                 raise ConfigError(f"{WHO}: the {split} split has no examples")
-            for e in examples:
-                if e.label not in label_map:
-                    raise ConfigError(
-                        f"{e.where}: label {e.label!r} is not in label_map (labels: {sorted(label_map)})"
-                    )
             labels = np.array([label_map[e.label] for e in examples], dtype=np.int64)
             ragged = encode_texts(self.tok, [e.text for e in examples])
             # Examples grouped by class, for stratified draws: class c is
@@ -184,7 +194,7 @@ class ClassificationProvider(DataProviderBase):
                 f"{split}_offsets": ragged.offsets,
                 f"{split}_labels": labels,
                 f"{split}_by_class": np.argsort(labels, kind="stable"),
-                f"{split}_class_start": np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64),
+                f"{split}_class_start": (np.cumsum(counts) - counts).astype(np.int64),
                 f"{split}_class_count": counts.astype(np.int64),
             }
             info[split] = {
@@ -202,10 +212,11 @@ class ClassificationProvider(DataProviderBase):
             self.label_field, self.format, self.config_label_map, self.block_size,
         )  # fmt: skip
 
-    def _load(self) -> None:
+    def _load(self, pinned: str | None = None) -> None:
         if not self._arrays:
-            root = self.context.dataset_dir / ARTIFACTS_DIR
-            self._arrays, self._info = cached_arrays(root, self._cache_key(), self._build)
+            self._key, self._arrays, self._info = load_artifacts(
+                self.context.dataset_dir, self._cache_key(), pinned, self._build
+            )
 
     # ---- meta --------------------------------------------------------------------------------
     def build_meta(self) -> dict[str, Any]:
@@ -219,6 +230,7 @@ class ClassificationProvider(DataProviderBase):
             "vocab_size": self.tok.vocab_size,
             "block_size": t,
             "tokenizer": os.fspath(self.tok.path),
+            "artifacts": self._key,
             "pad_token_id": self.tok.id(PAD),
             "cls_token_id": self.tok.id(CLS),
             "sep_token_id": self.tok.id(SEP),
@@ -233,7 +245,7 @@ class ClassificationProvider(DataProviderBase):
 
     def set_meta(self, meta: Mapping[str, Any]) -> None:
         super().set_meta(meta)
-        self._load()
+        self._load(meta.get("artifacts"))
 
     # ---- sampling ----------------------------------------------------------------------------
     def sample_indices(self, split: str, rng: torch.Generator) -> np.ndarray:
@@ -246,8 +258,12 @@ class ClassificationProvider(DataProviderBase):
         present = np.flatnonzero(a[f"{split}_class_count"])
         cls = present[torch.randint(len(present), (self.batch_size,), generator=rng).numpy()]
         count = a[f"{split}_class_count"][cls]
-        within = (torch.rand(self.batch_size, generator=rng, dtype=torch.float64).numpy() * count).astype(np.int64)
-        return a[f"{split}_by_class"][a[f"{split}_class_start"][cls] + np.minimum(within, count - 1)]
+        within = (
+            torch.rand(self.batch_size, generator=rng, dtype=torch.float64).numpy() * count
+        ).astype(np.int64)
+        return a[f"{split}_by_class"][
+            a[f"{split}_class_start"][cls] + np.minimum(within, count - 1)
+        ]
 
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         a = self._arrays

@@ -60,7 +60,9 @@ class NanoGPTBinProvider(DataProviderBase):
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
             raise ConfigError(f"nanogpt_bin: block_size must be a positive int, got {block_size!r}")
         if isinstance(splits, str) or not splits:
-            raise ConfigError(f"nanogpt_bin: splits must be a non-empty list of names, got {splits!r}")
+            raise ConfigError(
+                f"nanogpt_bin: splits must be a non-empty list of names, got {splits!r}"
+            )
         self.data_dir = Path(data_dir).expanduser()
         if not self.data_dir.is_dir():
             raise ConfigError(f"nanogpt_bin: data_dir {str(self.data_dir)!r} is not a directory")
@@ -91,7 +93,9 @@ class NanoGPTBinProvider(DataProviderBase):
 
     def _count_tokens(self, path: Path) -> int:
         if not path.is_file():
-            raise ConfigError(f"nanogpt_bin: {path} is missing (each split needs SPLIT.bin in data_dir)")
+            raise ConfigError(
+                f"nanogpt_bin: {path} is missing (each split needs SPLIT.bin in data_dir)"
+            )
         size = path.stat().st_size
         if size % self.dtype.itemsize:
             raise ConfigError(
@@ -119,7 +123,8 @@ class NanoGPTBinProvider(DataProviderBase):
                 {"name": "y", "dtype": "int64", "shape": [t], "role": "target"},
             ],
             "split_info": {
-                split: {"tokens": n, "file": self.paths[split].name} for split, n in self.tokens.items()
+                split: {"tokens": n, "file": self.paths[split].name}
+                for split, n in self.tokens.items()
             },
         }
         for key in ("stoi", "itos"):
@@ -141,11 +146,15 @@ class NanoGPTBinProvider(DataProviderBase):
 
     def window_starts(self, split: str, rng: torch.Generator) -> torch.Tensor:
         """batch_size offsets drawn uniformly from [0, tokens - block_size), as nanoGPT does."""
-        return torch.randint(self.tokens[split] - self.block_size, (self.batch_size,), generator=rng)
+        return torch.randint(
+            self.tokens[split] - self.block_size, (self.batch_size,), generator=rng
+        )
 
     def windows(self, split: str, starts: torch.Tensor) -> dict[str, torch.Tensor]:
         """x and y for windows starting at `starts`, gathered in one indexing of the map."""
-        rows = np.asarray(self.data(split)[(starts.unsqueeze(1) + self._offsets).numpy()], dtype=np.int64)
+        rows = np.asarray(
+            self.data(split)[(starts.unsqueeze(1) + self._offsets).numpy()], dtype=np.int64
+        )
         top = int(rows.max())
         if top >= self.vocab_size:
             raise ValueError(

@@ -27,7 +27,6 @@ import torch
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.tokenize_util import (
-    ARTIFACTS_DIR,
     CLS,
     IGNORE_INDEX,
     PAD,
@@ -35,11 +34,11 @@ from queue_providers.tokenize_util import (
     Ragged,
     as_paths,
     cache_key,
-    cached_arrays,
     check_block_size,
     derive_label_map,
     encode_words,
     file_identity,
+    load_artifacts,
     load_tokenizer,
     parse_label_map,
     single_rows,
@@ -60,6 +59,18 @@ class Sentence:
 
     def where(self, k: int) -> str:
         return f"{self.path}:{self.first_line + k}"
+
+
+def check_columns(num_columns: int, token_column: int, tag_column: int, *, where: str) -> None:
+    """Both columns exist in a line of num_columns, and are not the same one."""
+    for key, col in (("token_column", token_column), ("tag_column", tag_column)):
+        if not -num_columns <= col < num_columns:
+            raise ConfigError(f"{where}: {key}={col} but a line has {num_columns} column(s)")
+    if token_column % num_columns == tag_column % num_columns:
+        raise ConfigError(
+            f"{where}: one column holds both token and tag; a CoNLL line needs a token column "
+            "and a tag column"
+        )
 
 
 def read_conll(
@@ -86,16 +97,7 @@ def read_conll(
                 continue
             if expected is None:
                 expected, expected_from = len(cols), f"line {line_no}, the file's first token line"
-                for key, col in (("token_column", token_column), ("tag_column", tag_column)):
-                    if not -expected <= col < expected:
-                        raise ConfigError(
-                            f"{path}:{line_no}: {key}={col} but the line has {expected} column(s)"
-                        )
-                if token_column % expected == tag_column % expected:
-                    raise ConfigError(
-                        f"{path}:{line_no}: one column holds both token and tag; a CoNLL line "
-                        "needs a token column and a tag column"
-                    )
+                check_columns(expected, token_column, tag_column, where=f"{path}:{line_no}")
             if len(cols) != expected:
                 raise ConfigError(
                     f"{path}:{line_no}: {len(cols)} column(s), expected {expected} (as {expected_from}): {raw.rstrip()!r}"
@@ -129,31 +131,48 @@ class TokenClassificationProvider(DataProviderBase):
         super().__init__(context)
         self.block_size = check_block_size(block_size, minimum=3, who=WHO)
         self.inputs = as_paths(input, key="input", who=WHO)
-        self.val_inputs = None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
+        self.val_inputs = (
+            None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
+        )
         if self.val_inputs is None and not 0.0 < train_fraction < 1.0:
             raise ConfigError(f"{WHO}: train_fraction must lie in (0, 1), got {train_fraction!r}")
         self.train_fraction = float(train_fraction)
         for key, col in (("token_column", token_column), ("tag_column", tag_column)):
             if not isinstance(col, int) or isinstance(col, bool):
-                raise ConfigError(f"{WHO}: {key} must be an int (negative counts from the end), got {col!r}")
+                raise ConfigError(
+                    f"{WHO}: {key} must be an int (negative counts from the end), got {col!r}"
+                )
         if num_columns is not None and (
             not isinstance(num_columns, int) or isinstance(num_columns, bool) or num_columns < 2
         ):
             raise ConfigError(f"{WHO}: num_columns must be an int >= 2, got {num_columns!r}")
-        self.columns = {"token_column": token_column, "tag_column": tag_column, "num_columns": num_columns}
+        if num_columns is not None:
+            check_columns(
+                num_columns, token_column, tag_column, where=f"{WHO}: num_columns={num_columns}"
+            )
+        self.columns = {
+            "token_column": token_column,
+            "tag_column": tag_column,
+            "num_columns": num_columns,
+        }
         self.config_label_map = parse_label_map(label_map, who=WHO)
         self.tok = load_tokenizer(tokenizer, lowercase=lowercase, who=WHO)
         self._arrays: dict[str, np.ndarray] = {}
         self._info: dict[str, Any] = {}
+        self._key = ""
 
     # ---- sentences ----------------------------------------------------------------------------
     def _read(self, paths: Sequence[Path]) -> list[Sentence]:
         return [s for p in paths for s in read_conll(p, **self.columns)]
 
-    def _align(self, sentences: Sequence[Sentence], label_map: Mapping[str, int]) -> tuple[Ragged, np.ndarray]:
+    def _align(
+        self, sentences: Sequence[Sentence], label_map: Mapping[str, int]
+    ) -> tuple[Ragged, np.ndarray]:
         """Subword ids and, aligned to them, the tag of each word's first subword, -100 elsewhere."""
         ids, word_of = encode_words(self.tok, [s.words for s in sentences])
-        tags = Ragged.from_lists([[label_map[t] for t in s.tags] for s in sentences], dtype=np.int64)
+        tags = Ragged.from_lists(
+            [[label_map[t] for t in s.tags] for s in sentences], dtype=np.int64
+        )
         sentence_of = np.repeat(np.arange(len(sentences)), ids.lengths)
         w = word_of.flat.astype(np.int64)
         starts_sentence = np.zeros(len(w), dtype=bool)
@@ -164,28 +183,32 @@ class TokenClassificationProvider(DataProviderBase):
 
     def _build(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         train = self._read(self.inputs)
-        if self.val_inputs is None:
+        val = None if self.val_inputs is None else self._read(self.val_inputs)
+        everything = train + (val or [])
+        label_map = self.config_label_map or derive_label_map(t for s in everything for t in s.tags)
+        for sent in everything:  # in file order, so the error names the first bad line
+            for k, tag in enumerate(sent.tags):
+                if tag not in label_map:
+                    raise ConfigError(
+                        f"{sent.where(k)}: tag {tag!r} is not in label_map (tags: {sorted(label_map)})"
+                    )
+        if val is None:
             tr, va = split_indices(len(train), self.train_fraction, who=WHO)
             by_split = {"train": [train[i] for i in tr], "val": [train[i] for i in va]}
         else:
-            by_split = {"train": train, "val": self._read(self.val_inputs)}
-        label_map = self.config_label_map or derive_label_map(
-            t for s in by_split.values() for sent in s for t in sent.tags
-        )
+            by_split = {"train": train, "val": val}
         arrays: dict[str, np.ndarray] = {}
         info: dict[str, Any] = {"label_map": label_map}
         for split, sentences in by_split.items():
             if not sentences:
                 raise ConfigError(f"{WHO}: the {split} split has no sentences")
-            for sent in sentences:
-                for k, tag in enumerate(sent.tags):
-                    if tag not in label_map:
-                        raise ConfigError(
-                            f"{sent.where(k)}: tag {tag!r} is not in label_map (tags: {sorted(label_map)})"
-                        )
             ids, labels = self._align(sentences, label_map)
             words = sum(len(s.words) for s in sentences)
-            arrays |= {f"{split}_ids": ids.flat, f"{split}_offsets": ids.offsets, f"{split}_labels": labels}
+            arrays |= {
+                f"{split}_ids": ids.flat,
+                f"{split}_offsets": ids.offsets,
+                f"{split}_labels": labels,
+            }
             info[split] = {
                 "sentences": len(sentences),
                 "words": words,
@@ -203,10 +226,11 @@ class TokenClassificationProvider(DataProviderBase):
             self.config_label_map, self.block_size,
         )  # fmt: skip
 
-    def _load(self) -> None:
+    def _load(self, pinned: str | None = None) -> None:
         if not self._arrays:
-            root = self.context.dataset_dir / ARTIFACTS_DIR
-            self._arrays, self._info = cached_arrays(root, self._cache_key(), self._build)
+            self._key, self._arrays, self._info = load_artifacts(
+                self.context.dataset_dir, self._cache_key(), pinned, self._build
+            )
 
     # ---- meta --------------------------------------------------------------------------------
     def build_meta(self) -> dict[str, Any]:
@@ -222,6 +246,7 @@ class TokenClassificationProvider(DataProviderBase):
             "ignore_index": IGNORE_INDEX,
             "block_size": t,
             "tokenizer": os.fspath(self.tok.path),
+            "artifacts": self._key,
             "pad_token_id": self.tok.id(PAD),
             "cls_token_id": self.tok.id(CLS),
             "sep_token_id": self.tok.id(SEP),
@@ -235,7 +260,7 @@ class TokenClassificationProvider(DataProviderBase):
 
     def set_meta(self, meta: Mapping[str, Any]) -> None:
         super().set_meta(meta)
-        self._load()
+        self._load(meta.get("artifacts"))
 
     # ---- sampling ----------------------------------------------------------------------------
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:

@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from queue_client.errors import ConfigError
+from queue_client.errors import ConfigError, MetaError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 BERT_SPECIALS = (PAD, UNK, CLS, SEP, MASK)
 _INT_RE = re.compile(r"-?[0-9]+")
-IGNORE_INDEX = -100  # the label of positions with nothing to predict (torch's cross_entropy default)
+# The label of positions with nothing to predict (torch's cross_entropy default ignore_index).
+IGNORE_INDEX = -100
 
 # Under the dataset dir: arrays a provider derives from its inputs (see cached_arrays).
 ARTIFACTS_DIR = "artifacts"
@@ -73,9 +74,13 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
         for line_no, line in enumerate(f, 1):
             token = line.rstrip("\r\n")
             if not token:
-                raise ConfigError(f"{path}:{line_no}: empty line; a vocab.txt holds one token per line")
+                raise ConfigError(
+                    f"{path}:{line_no}: empty line; a vocab.txt holds one token per line"
+                )
             if token in vocab:
-                raise ConfigError(f"{path}:{line_no}: token {token!r} repeats line {vocab[token] + 1}")
+                raise ConfigError(
+                    f"{path}:{line_no}: token {token!r} repeats line {vocab[token] + 1}"
+                )
             vocab[token] = len(vocab)
     if not vocab:
         raise ConfigError(f"{path} is empty; a vocab.txt holds one token per line")
@@ -112,7 +117,9 @@ def load_tokenizer(
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"{who}: tokenizer {str(path)!r} is not a file (expected vocab.txt or tokenizer.json)")
+        raise ConfigError(
+            f"{who}: tokenizer {str(path)!r} is not a file (expected vocab.txt or tokenizer.json)"
+        )
     tk = _tokenizers()
     raw = path.read_bytes()
     if path.suffix == ".json":
@@ -125,7 +132,9 @@ def load_tokenizer(
         except Exception as exc:
             raise ConfigError(f"{who}: {path} is not a valid tokenizer.json: {exc}") from None
     else:
-        tok = bert_wordpiece(_read_vocab_txt(path), lowercase=True if lowercase is None else lowercase)
+        tok = bert_wordpiece(
+            _read_vocab_txt(path), lowercase=True if lowercase is None else lowercase
+        )
     ids = {t: i for t in BERT_SPECIALS if (i := tok.token_to_id(t)) is not None}
     missing = [t for t in require if t not in ids]
     if missing:
@@ -139,7 +148,9 @@ def load_tokenizer(
     tok.encode_special_tokens = True
     tok.no_truncation()
     tok.no_padding()
-    specials = set(ids.values()) | {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    specials = set(ids.values()) | {
+        i for i, t in tok.get_added_tokens_decoder().items() if t.special
+    }
     return LoadedTokenizer(
         tokenizer=tok,
         path=path,
@@ -177,9 +188,18 @@ class Ragged:
         flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=int(offsets[-1]))
         return cls(flat, offsets)
 
-    def take(self, index: np.ndarray) -> Ragged:
-        """The sequences at `index`, in that order."""
-        return Ragged.from_lists([self.flat[self.offsets[i] : self.offsets[i + 1]] for i in index], self.flat.dtype)
+    def without_empty(self) -> Ragged:
+        """The same sequences less the empty ones (an empty one only repeats an offset)."""
+        return Ragged(self.flat, np.unique(self.offsets))
+
+
+def read_lines(paths: Sequence[Path]) -> list[str]:
+    """The non-blank lines of text files, stripped, in order."""
+    lines: list[str] = []
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines.extend(s for line in f if (s := line.strip()))
+    return lines
 
 
 def encode_texts(tok: LoadedTokenizer, texts: Sequence[str]) -> Ragged:
@@ -199,7 +219,9 @@ def encode_words(tok: LoadedTokenizer, sentences: Sequence[Sequence[str]]) -> tu
     words: list[list[int]] = []
     for lo in range(0, len(sentences), _ENCODE_CHUNK):
         chunk = [list(s) for s in sentences[lo : lo + _ENCODE_CHUNK]]
-        for enc in tok.tokenizer.encode_batch(chunk, is_pretokenized=True, add_special_tokens=False):
+        for enc in tok.tokenizer.encode_batch(
+            chunk, is_pretokenized=True, add_special_tokens=False
+        ):
             ids.append(enc.ids)
             words.append(enc.word_ids)
     return Ragged.from_lists(ids), Ragged.from_lists(words)
@@ -214,15 +236,6 @@ def file_identity(path: Path) -> tuple[str, int, int]:
 
 def cache_key(kind: str, *parts: object) -> str:
     return f"{kind}-{hashlib.blake2b(repr(parts).encode(), digest_size=10).hexdigest()}"
-
-
-def read_lines(paths: Sequence[Path]) -> list[str]:
-    """The non-blank lines of text files, stripped, in order."""
-    lines: list[str] = []
-    for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines.extend(s for line in f if (s := line.strip()))
-    return lines
 
 
 def cached_arrays(
@@ -242,7 +255,10 @@ def cached_arrays(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         for name, arr in arrays.items():
-            np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr))
+            with open(tmp / f"{name}.npy", "wb") as f:
+                np.save(f, np.ascontiguousarray(arr))
+                f.flush()
+                os.fsync(f.fileno())
         (tmp / "info.json").write_text(json.dumps(info, sort_keys=True))
         try:
             os.replace(tmp, final)
@@ -253,6 +269,30 @@ def cached_arrays(
     info = json.loads((final / "info.json").read_text())
     arrays = {p.stem: np.load(p, mmap_mode="r") for p in sorted(final.glob("*.npy"))}
     return arrays, info
+
+
+def load_artifacts(
+    dataset_dir: Path,
+    key_now: str,
+    pinned: str | None,
+    build: Callable[[], tuple[dict[str, np.ndarray], dict[str, Any]]],
+) -> tuple[str, dict[str, np.ndarray], dict[str, Any]]:
+    """(key, arrays, info) of a provider's cached inputs.
+
+    build_meta passes pinned=None and gets the cache for the inputs as they are now (key_now);
+    it records the key in meta["artifacts"]. Workers pass that key as `pinned` and load
+    exactly what meta describes, even if an input file changed since. If the pinned cache is
+    gone it is rebuilt, but only while the inputs still hash to it.
+    """
+    root = Path(dataset_dir) / ARTIFACTS_DIR
+    key = pinned or key_now
+    if pinned and pinned != key_now and not (root / pinned / "info.json").is_file():
+        raise MetaError(
+            f"{root / pinned} is gone and the inputs changed since meta was built (they now "
+            f"hash to {key_now}): restart the server so meta is built again"
+        )
+    arrays, info = cached_arrays(root, key, build)
+    return key, arrays, info
 
 
 # ---- fixed-width rows --------------------------------------------------------------------------
@@ -355,7 +395,9 @@ def parse_label_map(raw: Any, *, who: str) -> dict[str, int] | None:
                 f"{who}: label_map ids must be exactly 0..{len(result) - 1}, each once; got {sorted(result.values())}"
             )
     else:
-        raise ConfigError(f"{who}: label_map must be a list of labels or a table label -> id, got {raw!r}")
+        raise ConfigError(
+            f"{who}: label_map must be a list of labels or a table label -> id, got {raw!r}"
+        )
     if not result:
         raise ConfigError(f"{who}: label_map is empty")
     return result

@@ -35,7 +35,9 @@ def train_wordpiece(
     if missing:
         raise ConfigError(f"train_wordpiece: input file(s) {missing} do not exist")
     if vocab_size <= len(BERT_SPECIALS):
-        raise ConfigError(f"train_wordpiece: --vocab-size must exceed {len(BERT_SPECIALS)}, got {vocab_size}")
+        raise ConfigError(
+            f"train_wordpiece: --vocab-size must exceed {len(BERT_SPECIALS)}, got {vocab_size}"
+        )
     tok = bert_wordpiece(None, lowercase=lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
@@ -58,11 +60,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m queue_providers.train_wordpiece", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--input", nargs="+", required=True, metavar="FILE", help="text files to train on")
-    parser.add_argument("--vocab-size", type=int, required=True, help="vocabulary size, special tokens included")
-    parser.add_argument("--out", required=True, help="tokenizer.json to write (or vocab.txt, by suffix)")
-    parser.add_argument("--min-frequency", type=int, default=2, help="rarest pair that may merge (default 2)")
-    parser.add_argument("--no-lowercase", dest="lowercase", action="store_false", help="keep case (cased BERT)")
+    parser.add_argument(
+        "--input", nargs="+", required=True, metavar="FILE", help="text files to train on"
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, required=True, help="vocabulary size, special tokens included"
+    )
+    parser.add_argument(
+        "--out", required=True, help="tokenizer.json to write (or vocab.txt, by suffix)"
+    )
+    parser.add_argument(
+        "--min-frequency", type=int, default=2, help="rarest pair that may merge (default 2)"
+    )
+    parser.add_argument(
+        "--no-lowercase", dest="lowercase", action="store_false", help="keep case (cased BERT)"
+    )
     args = parser.parse_args(argv)
     try:
         out = train_wordpiece(

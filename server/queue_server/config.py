@@ -49,6 +49,10 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
     """One [datasets.NAME] table."""
@@ -114,8 +118,8 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)
-        _check(isinstance(self.lease_ttl_s, (int, float)) and self.lease_ttl_s > 0, "server.lease_ttl_s", self.lease_ttl_s, "a number > 0")
-        _check(isinstance(self.acquire_wait_s, (int, float)) and self.acquire_wait_s > 0, "server.acquire_wait_s", self.acquire_wait_s, "a number > 0")
+        _check(_is_number(self.lease_ttl_s) and self.lease_ttl_s > 0, "server.lease_ttl_s", self.lease_ttl_s, "a number > 0")
+        _check(_is_number(self.acquire_wait_s) and self.acquire_wait_s > 0, "server.acquire_wait_s", self.acquire_wait_s, "a number > 0")
         _check(_is_int(self.unix_socket_mode) and 0 <= self.unix_socket_mode <= 0o777, "server.unix_socket_mode", self.unix_socket_mode, "a file mode such as 0o600")
         _check(self.auth_token is None or (isinstance(self.auth_token, str) and self.auth_token != ""), "server.auth_token", self.auth_token, "a non-empty string")
         names = [d.name for d in self.datasets]
@@ -161,7 +165,7 @@ def parse_listen(listen: str) -> ListenAddress:
         _check(bool(path), "server.listen", listen, "unix:PATH with a path")
         return ListenAddress(None, None, path)
     host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise ConfigError(f"server.listen = {listen!r} is invalid: expected HOST:PORT (port 0-65535) or unix:PATH")
     return ListenAddress(host, int(port), None)
 

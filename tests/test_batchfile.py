@@ -1,0 +1,440 @@
+"""The on-disk batch file format: names, atomic publishing, safe copy-on-write loading."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import pickle
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from queue_client import batchfile as bf
+from queue_client.batchfile import (
+    BatchFileName,
+    check_dataset_name,
+    check_split_name,
+    dataset_dir,
+    file_crc32,
+    load_batch_file,
+    quarantine_dir,
+    queue_dir,
+    remove_temp_files,
+    scan_queue,
+    write_batch_file,
+)
+from queue_client.errors import CorruptBatchFile, InvalidRequest
+
+
+def _tensors(num_batches: int = 3, batch_size: int = 2, width: int = 5) -> dict[str, torch.Tensor]:
+    n = num_batches * batch_size * width
+    x = torch.arange(n, dtype=torch.int64).view(num_batches, batch_size, width)
+    return {"x": x, "y": (x + 1).to(torch.int32)}
+
+
+def _publish(directory: Path, seq: int = 7, **kw: int) -> tuple[bf.PublishedFile, Path]:
+    published = write_batch_file(
+        directory, seq=seq, tensors=_tensors(**kw), metadata={"split": "train"}
+    )
+    return published, directory / str(published.name)
+
+
+class _TouchOnUnpickle:
+    """Unpickling this runs Path.touch(marker): a stand-in for arbitrary code execution."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.marker,))
+
+
+# ---- names --------------------------------------------------------------------------------
+
+
+def test_name_str_parse_round_trip() -> None:
+    """str() pads timestamp and seq to fixed width, and parse() reads it back exactly."""
+    name = BatchFileName(1_700_000_000_123, 42, 100)
+    assert str(name) == "1700000000123-0000000042-100.pt"
+    assert BatchFileName.parse(str(name)) == name
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ts=st.integers(0, 10**13 - 1),
+    seq=st.integers(0, 10**10 - 1),
+    nb=st.integers(0, 10**6),
+)
+def test_name_round_trip_property(ts: int, seq: int, nb: int) -> None:
+    """Every name the writer can produce parses back to the same value."""
+    name = BatchFileName(ts, seq, nb)
+    assert BatchFileName.parse(str(name)) == name
+
+
+def test_names_order_by_timestamp_then_seq() -> None:
+    """Sorting BatchFileName values orders by timestamp first, then seq, like sorted file names."""
+    names = [
+        BatchFileName(2000, 1, 5),
+        BatchFileName(1000, 9, 5),
+        BatchFileName(1000, 2, 5),
+        BatchFileName(3000, 0, 5),
+    ]
+    ordered = sorted(names)
+    assert [(n.timestamp_ms, n.seq) for n in ordered] == [
+        (1000, 2),
+        (1000, 9),
+        (2000, 1),
+        (3000, 0),
+    ]
+    assert [str(n) for n in ordered] == sorted(str(n) for n in names)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        ".tmp-1700000000123-0000000042-123.pt",
+        ".tmp-1700000000123-0000000042-100.pt",
+        "meta.pkl",
+        "foo.pt",
+        "1700000000123-0000000042-100.pt.reason.txt",
+        "1700000000123-42-100.pt",  # seq not padded
+        "170000000012-0000000042-100.pt",  # 12-digit timestamp
+        "1700000000123-0000000042-100.pth",
+        "1700000000123-0000000042-.pt",
+        "x1700000000123-0000000042-100.pt",
+        "",
+    ],
+)
+def test_parse_rejects_temp_and_foreign_names(name: str) -> None:
+    """Temp files and anything not named like a published batch file parse to None."""
+    assert BatchFileName.parse(name) is None
+
+
+def test_parse_rejects_trailing_newline() -> None:
+    """A name with a trailing newline is not a published batch file."""
+    assert BatchFileName.parse("1700000000123-0000000042-100.pt\n") is None
+
+
+# ---- publishing ---------------------------------------------------------------------------
+
+
+def test_write_publishes_atomically_with_matching_size_and_crc(tmp_path: Path) -> None:
+    """The final name exists, no temp is left, and size/crc32 describe the bytes on disk."""
+    published, path = _publish(tmp_path, seq=7)
+    assert path.is_file()
+    assert published.name.seq == 7
+    assert published.name.num_batches == 3
+    assert sorted(os.listdir(tmp_path)) == [str(published.name)]
+    data = path.read_bytes()
+    assert published.size_bytes == len(data)
+    assert published.crc32 == zlib.crc32(data)
+    assert file_crc32(path) == published.crc32
+
+
+def test_file_crc32_of_empty_file_is_zero(tmp_path: Path) -> None:
+    """An empty file hashes to crc32(b"") without trying to map zero bytes."""
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert file_crc32(empty) == zlib.crc32(b"") == 0
+
+
+def test_write_rejects_empty_tensors(tmp_path: Path) -> None:
+    """A file needs at least one tensor; nothing is written otherwise."""
+    with pytest.raises(ValueError, match="at least one tensor"):
+        write_batch_file(tmp_path, seq=0, tensors={}, metadata={})
+    assert os.listdir(tmp_path) == []
+
+
+def test_failed_rename_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If publishing fails at the rename, the temp file is removed and the error propagates."""
+
+    def broken_replace(src: object, dst: object) -> None:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk on fire"):
+        write_batch_file(tmp_path, seq=1, tensors=_tensors(), metadata={})
+    assert os.listdir(tmp_path) == []
+
+
+def test_scan_queue_ignores_temp_and_foreign_files_and_sorts(tmp_path: Path) -> None:
+    """scan_queue lists only published names, in (timestamp, seq) order."""
+    names = [BatchFileName(3000, 1, 2), BatchFileName(1000, 5, 2), BatchFileName(1000, 3, 2)]
+    for n in names:
+        (tmp_path / str(n)).write_bytes(b"")
+    (tmp_path / ".tmp-0000000000500-0000000000-1.pt").write_bytes(b"")
+    (tmp_path / "notes.txt").write_bytes(b"")
+    (tmp_path / "0000000000900-0000000001-2.pt.reason.txt").write_bytes(b"")
+    assert scan_queue(tmp_path) == sorted(names)
+    assert [(n.timestamp_ms, n.seq) for n in scan_queue(tmp_path)] == [
+        (1000, 3),
+        (1000, 5),
+        (3000, 1),
+    ]
+
+
+def test_scan_queue_of_missing_directory_is_empty(tmp_path: Path) -> None:
+    """A queue directory that does not exist yet holds no files."""
+    assert scan_queue(tmp_path / "absent") == []
+
+
+def test_remove_temp_files_removes_only_temp_files(tmp_path: Path) -> None:
+    """Only .tmp-* entries are deleted, and the count of deleted files is returned."""
+    _, published = _publish(tmp_path)
+    (tmp_path / ".tmp-a.pt").write_bytes(b"partial")
+    (tmp_path / ".tmp-b").write_bytes(b"partial")
+    (tmp_path / "keep.txt").write_bytes(b"x")
+    (tmp_path / "tmp-not-hidden.pt").write_bytes(b"x")
+    assert remove_temp_files(tmp_path) == 2
+    assert sorted(os.listdir(tmp_path)) == sorted([published.name, "keep.txt", "tmp-not-hidden.pt"])
+    assert remove_temp_files(tmp_path) == 0
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+
+def test_load_returns_tensors_and_metadata(tmp_path: Path) -> None:
+    """Loaded tensors equal the written ones, [num_batches, batch_size, ...], with metadata."""
+    _, path = _publish(tmp_path, seq=11, num_batches=4, batch_size=3, width=6)
+    loaded = load_batch_file(path)
+    expected = _tensors(num_batches=4, batch_size=3, width=6)
+    assert set(loaded.tensors) == {"x", "y"}
+    for key, want in expected.items():
+        got = loaded.tensors[key]
+        assert got.shape == (4, 3, 6)
+        assert got.dtype == want.dtype
+        assert torch.equal(got, want)
+    assert loaded.metadata["seq"] == 11
+    assert loaded.metadata["num_batches"] == 4
+    assert loaded.metadata["split"] == "train"
+
+
+def test_loaded_tensors_are_copy_on_write(tmp_path: Path) -> None:
+    """Writing into a loaded tensor changes neither the file on disk nor a fresh load."""
+    _, path = _publish(tmp_path)
+    before = path.read_bytes()
+    loaded = load_batch_file(path)
+    loaded.tensors["x"].fill_(-1)
+    loaded.tensors["y"].add_(1000)
+    assert path.read_bytes() == before
+    again = load_batch_file(path)
+    assert torch.equal(again.tensors["x"], _tensors()["x"])
+    assert torch.equal(again.tensors["y"], _tensors()["y"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_load_memory_maps_the_file_privately(tmp_path: Path) -> None:
+    """The file is mapped (not read into a copy), and the mapping is private (copy-on-write)."""
+    _, path = _publish(tmp_path)
+    loaded = load_batch_file(path)
+    maps = [
+        line
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if line.endswith(str(path))
+    ]
+    assert maps, "the batch file is not memory-mapped"
+    assert all(line.split()[1].endswith("p") for line in maps), maps
+    del loaded
+
+
+@pytest.mark.parametrize("packaging", ["torch_zip", "raw_pickle"])
+def test_load_refuses_malicious_pickle_without_running_it(tmp_path: Path, packaging: str) -> None:
+    """A pickle that would run code on load raises CorruptBatchFile and runs nothing."""
+    marker = tmp_path / "pwned"
+    path = tmp_path / "1700000000123-0000000001-1.pt"
+    payload = {"format": bf.FORMAT_NAME, "version": 1, "evil": _TouchOnUnpickle(marker)}
+    if packaging == "torch_zip":
+        torch.save(payload, path)
+    else:
+        path.write_bytes(pickle.dumps(payload))
+    with pytest.raises(CorruptBatchFile, match=str(path)):
+        load_batch_file(path)
+    assert not marker.exists()
+
+
+def test_malicious_pickle_is_live(tmp_path: Path) -> None:
+    """Control: the crafted payload really does run code when loaded unsafely."""
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"evil": _TouchOnUnpickle(marker)}, path)
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("cut", ["empty", "10 bytes", "100 bytes", "half", "all but 10"])
+def test_truncated_file_raises_corrupt_naming_path(tmp_path: Path, cut: str) -> None:
+    """A file cut short anywhere raises CorruptBatchFile whose message names the file."""
+    _, good = _publish(tmp_path)
+    data = good.read_bytes()
+    keep = {"empty": 0, "10 bytes": 10, "100 bytes": 100, "half": len(data) // 2}.get(
+        cut, len(data) - 10
+    )
+    bad = tmp_path / "1700000000123-0000000099-3.pt"
+    bad.write_bytes(data[:keep])
+    with pytest.raises(CorruptBatchFile) as info:
+        load_batch_file(bad)
+    assert str(bad) in str(info.value)
+
+
+def test_missing_file_raises_file_not_found(tmp_path: Path) -> None:
+    """A file that vanished is not 'corrupt': FileNotFoundError passes through."""
+    with pytest.raises(FileNotFoundError):
+        load_batch_file(tmp_path / "1700000000123-0000000001-1.pt")
+
+
+def test_newer_version_is_refused_with_upgrade_hint(tmp_path: Path) -> None:
+    """A file from a newer writer is refused with a message telling the user to upgrade."""
+    path = tmp_path / "1700000000123-0000000001-1.pt"
+    torch.save(
+        {
+            "format": bf.FORMAT_NAME,
+            "version": bf.FORMAT_VERSION + 1,
+            "metadata": {"num_batches": 1},
+            "tensors": {"x": torch.zeros(1, 2, 3)},
+        },
+        path,
+    )
+    with pytest.raises(CorruptBatchFile, match="upgrade") as info:
+        load_batch_file(path)
+    assert str(path) in str(info.value)
+    assert str(bf.FORMAT_VERSION + 1) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        ({"format": "something.else", "version": 1}, "not a batchqueue.batchfile"),
+        ([1, 2, 3], "not a batchqueue.batchfile"),
+        ({"format": bf.FORMAT_NAME, "version": "1"}, "newer"),
+        ({"format": bf.FORMAT_NAME, "version": 1, "metadata": {}, "tensors": {}}, "missing"),
+        (
+            {
+                "format": bf.FORMAT_NAME,
+                "version": 1,
+                "metadata": {"num_batches": 2},
+                "tensors": {"x": torch.zeros(3, 2, 4)},
+            },
+            "'x'",
+        ),
+        (
+            {
+                "format": bf.FORMAT_NAME,
+                "version": 1,
+                "metadata": {"num_batches": 2},
+                "tensors": {"x": torch.zeros(2)},
+            },
+            "'x'",
+        ),
+    ],
+)
+def test_malformed_payloads_are_corrupt(tmp_path: Path, payload: object, needle: str) -> None:
+    """Loadable files that don't follow the format raise CorruptBatchFile saying why."""
+    path = tmp_path / "1700000000123-0000000001-1.pt"
+    torch.save(payload, path)
+    with pytest.raises(CorruptBatchFile, match=needle):
+        load_batch_file(path)
+
+
+# ---- dataset and split names --------------------------------------------------------------
+
+BAD_NAMES = [
+    "..",
+    "../x",
+    "/abs",
+    "a/b",
+    "",
+    "a\x00b",
+    "\x00",
+    "x" * 129,
+    ".hidden",
+    "a..b",
+    "-x",
+    "a b",
+]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_check_dataset_name_rejects(name: str) -> None:
+    """Names that could leave the data root, or are malformed, raise InvalidRequest."""
+    with pytest.raises(InvalidRequest, match="not allowed"):
+        check_dataset_name(name)
+
+
+@pytest.mark.parametrize("name", [None, 5, b"abc"])
+def test_check_dataset_name_rejects_non_strings(name: object) -> None:
+    """Only str names are accepted."""
+    with pytest.raises(InvalidRequest):
+        check_dataset_name(name)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["stdlib_char", "a", "A.b-c_1", "shakespeare-char.v2", "x" * 128])
+def test_check_dataset_name_accepts_normal_names(name: str) -> None:
+    """Ordinary names (up to 128 chars) are returned unchanged."""
+    assert check_dataset_name(name) == name
+
+
+@pytest.mark.parametrize("name", [*BAD_NAMES, "a.b", "x" * 65])
+def test_check_split_name_rejects(name: str) -> None:
+    """Split names allow no dots or slashes and at most 64 characters."""
+    with pytest.raises(InvalidRequest, match="not allowed"):
+        check_split_name(name)
+
+
+@pytest.mark.parametrize("name", ["train", "val", "test-2", "A_b", "x" * 64])
+def test_check_split_name_accepts_normal_names(name: str) -> None:
+    """Ordinary split names are returned unchanged."""
+    assert check_split_name(name) == name
+
+
+@pytest.mark.parametrize("check", [check_dataset_name, check_split_name])
+def test_names_with_trailing_newline_are_rejected(check) -> None:
+    """A trailing newline is not one of the allowed characters."""
+    with pytest.raises(InvalidRequest):
+        check("train\n")
+
+
+_name_text = st.text(alphabet=st.sampled_from("ab.-_/\x00Z9 \\"), max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(prefix=_name_text, bad=st.sampled_from(["/", "\x00"]), suffix=_name_text)
+def test_names_with_slash_or_nul_are_always_rejected(prefix: str, bad: str, suffix: str) -> None:
+    """Any dataset or split name containing '/' or NUL is rejected."""
+    name = prefix + bad + suffix
+    with pytest.raises(InvalidRequest):
+        check_dataset_name(name)
+    with pytest.raises(InvalidRequest):
+        check_split_name(name)
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.one_of(_name_text, st.text(max_size=20), st.just("..")))
+def test_accepted_dataset_dirs_stay_directly_under_root(name: str) -> None:
+    """'..' is rejected, and every accepted name maps to a directory one level under root."""
+    root = Path("data_root")
+    if name == "..":
+        with pytest.raises(InvalidRequest):
+            dataset_dir(root, name)
+        return
+    try:
+        path = dataset_dir(root, name)
+    except InvalidRequest:
+        return
+    normalized = Path(os.path.normpath(path))
+    assert normalized.parent == root
+    assert normalized.name == name
+    assert Path(os.path.normpath(queue_dir(root, name, "train"))).is_relative_to(normalized)
+
+
+def test_queue_and_quarantine_dirs_validate_both_names() -> None:
+    """queue_dir and quarantine_dir build the documented layout and check both names."""
+    root = Path("r")
+    assert queue_dir(root, "ds", "train") == root / "ds" / "queue" / "train"
+    assert quarantine_dir(root, "ds", "val") == root / "ds" / "quarantine" / "val"
+    with pytest.raises(InvalidRequest):
+        queue_dir(root, "ds", "../train")
+    with pytest.raises(InvalidRequest):
+        quarantine_dir(root, "..", "train")

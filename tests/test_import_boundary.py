@@ -1,0 +1,80 @@
+"""Import boundaries, checked in fresh interpreters, and the committed gRPC stubs' freshness."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(ROOT / "client"), str(ROOT / "server"), str(ROOT / "providers")]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+    return env
+
+
+def _modules_after(statement: str) -> set[str]:
+    """Top-level package names in sys.modules after running `statement` in a fresh interpreter."""
+    code = textwrap.dedent(
+        f"""
+        import json, sys
+        {statement}
+        print(json.dumps(sorted({{name.partition(".")[0] for name in sys.modules}})))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize(
+    ("statement", "forbidden"),
+    [
+        ("import queue_client", {"queue_server", "uvloop", "torch", "queue_providers"}),
+        (
+            "from queue_client import World, FieldSpec, CorruptBatchFile",
+            {"queue_server", "uvloop", "torch"},
+        ),
+        ("import queue_client.batchfile, queue_client.meta", {"queue_server", "uvloop", "torch"}),
+        ("from queue_client import QueueClient", {"queue_server", "uvloop"}),
+        ("import queue_server.app", {"torch"}),
+        ("import queue_server.config", {"torch", "uvloop"}),
+    ],
+)
+def test_import_does_not_pull_in(statement: str, forbidden: set[str]) -> None:
+    """Each import leaves the forbidden packages unimported (checked in a fresh process)."""
+    loaded = _modules_after(statement)
+    assert statement.split()[1].partition(".")[0] in loaded  # the probe itself worked
+    assert not (loaded & forbidden), f"{statement!r} imported {sorted(loaded & forbidden)}"
+
+
+def test_probe_detects_forbidden_imports() -> None:
+    """Control: the probe does report a forbidden package when something imports it."""
+    assert {"uvloop", "queue_server"} <= _modules_after("import queue_client, uvloop, queue_server")
+
+
+def test_generated_stubs_match_proto() -> None:
+    """scripts/gen_proto.py --check passes: the committed gRPC stubs match the .proto."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
