@@ -93,7 +93,7 @@ max_backlog_files = 1
         server.stub.AcquireLease(request, timeout=10)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "slow/train seq 1001" in err.value.details()
     with QueueClient(server.address, "slow", rank=1, world_size=2, timeout_s=0.5) as client:
-        client.load_state_dict({"version": 1, "dataset": "slow", "rank": 1, "world_size": 2, "splits": {"train": {"seq": 2001, "offset": 0}}})
+        client.load_state_dict({"version": 1, "dataset": "slow", "rank": 1, "world_size": 2, "splits": {"train": {"seq": 2001, "offset": 0, "next_seq": 2003, "pending": []}}})
         with pytest.raises(errors.NoBatchReady, match=f"slow/train from {server.address}"):
             client.get_batch("train")
 

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import torch
 from queue_client import errors
 from queue_client.batchfile import check_dataset_name, check_split_name
 from queue_client.meta import meta_from_json, split_schema
+from queue_client.resume import STATE_VERSION, StreamPlan, plan_resume
 from queue_client.rpc import Rpc
 from queue_client.schema import FieldSpec
 from queue_client.stream import LeaseRef, SplitStream
@@ -36,7 +37,6 @@ from queue_client.world import World
 
 log = logging.getLogger("queue_client")
 
-STATE_VERSION = 1
 # One AcquireLease call waits at most this long server-side; the client calls again until its
 # own timeout, so a slow provider never trips the RPC deadline.
 _ACQUIRE_SLICE_S = 10.0
@@ -88,7 +88,7 @@ class QueueClient:
         self._transfer = Transfer(self.device, copy=copy)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="queue-client")
         self._streams: dict[str, SplitStream] = {}
-        self._resume: dict[str, tuple[int, int]] = {}
+        self._resume: dict[str, StreamPlan] = {}
         self._held: dict[int, LeaseRef] = {}
         self._held_lock = threading.Lock()
         self._stop_renewing = threading.Event()
@@ -123,37 +123,42 @@ class QueueClient:
     def state_dict(self) -> dict[str, Any]:
         """Where each split's stream stands: small and JSON-serialisable, for checkpoints.
 
-        Per split: the seq of the file holding the next batch and the offset in it. Prefetched
-        files are not part of the state; on resume they are produced again.
+        Per split: the file of the next batch (`seq`) and the batch in it (`offset`), the files
+        to read after it before the plain stride resumes (`pending`, empty unless resumed at
+        another world size) and `next_seq`. Prefetched files are not consumed; a resume reads
+        them again.
         """
         if self.mode != "deterministic":
             raise errors.InvalidRequest(f"dataset {self.dataset!r} is served best-effort, which has no exact resume")
+        w = self.world.world_size
         splits = {}
         for split in sorted(set(self._streams) | set(self._resume)):
-            if split in self._streams:
-                seq, offset = self._streams[split].position()
-            else:
-                seq, offset = self._resume[split]
-            splits[split] = {"seq": seq, "offset": offset}
+            stream = self._streams.get(split)
+            plan = stream.plan() if stream is not None else self._resume[split]
+            splits[split] = plan.to_state(w)
         return {
             "version": STATE_VERSION,
             "dataset": self.dataset,
             "rank": self.world.rank,
-            "world_size": self.world.world_size,
-            "batches_per_file": int(self.meta.get("batches_per_file", 0)),
+            "world_size": w,
             "splits": splits,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resume from `state_dict()`: the next batches are exactly those an uninterrupted run
-        would have served. Held leases are returned first."""
-        from queue_client.resume import plan_resume
-
-        positions = plan_resume(state, self.world, self.dataset)
+        would have served. Pass this rank's state, or every rank's states (a list) to resume
+        at another world size; one state from another world size assumes the ranks stepped in
+        lockstep. Held leases are returned first. See docs/ordering.md for the rule."""
+        if self.mode != "deterministic":
+            raise errors.InvalidRequest(f"dataset {self.dataset!r} is served best-effort, which has no exact resume")
+        plans = plan_resume(state, self.world, self.dataset)
+        unknown = sorted(set(plans) - set(self.splits))
+        if unknown:
+            raise errors.UnknownSplit(f"state holds split(s) {unknown} that dataset {self.dataset!r} lacks")
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
-        self._resume = positions
+        self._resume = plans
 
     def close(self) -> None:
         """Return held leases (finished files as consumed) and close the connection."""
@@ -187,18 +192,15 @@ class QueueClient:
         if self._closed:
             raise errors.InvalidRequest("this QueueClient is closed")
         self._check_split(split)
+        plan: StreamPlan | None = None
         if self.mode == "deterministic":
-            first, offset = self._resume.pop(split, (self.world.rank, 0))
-            stride = self.world.world_size
-        else:
-            first, offset, stride = None, 0, 1
+            plan = self._resume.pop(split, StreamPlan((), self.world.rank))
         stream = SplitStream(
             self,
             split,
             split_schema(self.meta, split),
-            first_seq=first,
-            seq_stride=stride,
-            offset=offset,
+            plan=plan,
+            seq_stride=self.world.world_size,
             prefetch=self.prefetch,
             timeout_s=self.timeout_s,
             clock=time.monotonic,
@@ -207,7 +209,7 @@ class QueueClient:
         return stream
 
     # ---- leases (called from the prefetch thread) -------------------------------------------
-    def acquire(self, split: str, seq: int | None, deadline: float) -> pb.Lease:
+    def acquire(self, split: str, seq: int | None, deadline: float, carried: bool = False) -> pb.Lease:
         while True:
             remaining = deadline - time.monotonic()
             request = pb.AcquireLeaseRequest(
@@ -217,6 +219,7 @@ class QueueClient:
                 world_size=self.world.world_size,
                 client_id=self.client_id,
                 wait_ms=int(max(1, min(remaining, _ACQUIRE_SLICE_S)) * 1000),
+                carried=carried,
             )
             if seq is not None:
                 request.seq = seq
@@ -247,7 +250,7 @@ class QueueClient:
             self._rpc.call("ReleaseLease", request)
         except errors.UnknownLease:
             # Lost (the server restarted): take it again under this client, then release.
-            lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s)
+            lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s, ref.carried)
             request.lease_id = lease.lease_id
             self._rpc.call("ReleaseLease", request)
 
@@ -280,7 +283,7 @@ class QueueClient:
     def _reacquire(self, ref: LeaseRef) -> None:
         """After a server restart the file is still ours: lease the same seq again."""
         try:
-            lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s)
+            lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s, ref.carried)
         except errors.BatchQueueError as exc:
             log.warning("re-acquiring %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
             return

@@ -1,39 +1,151 @@
-"""Turning a checkpointed client state into each split's starting position."""
+"""From a checkpointed client state to each split's reading plan, at any world size.
+
+A rank's stream of one split is a plan: a few explicit files, each from a batch offset,
+then the strided seqs next_seq, next_seq + W, next_seq + 2W, ... A fresh stream is the plan
+([], rank). The state saved per split is the same plan, written as the file of the next batch
+(`seq`, `offset`), the files after it (`pending`) and `next_seq`.
+
+Elastic resume, from W ranks to W' ranks. Take every old rank's remaining stream (from all W
+states, or derived from one state when ranks step in lockstep, as DDP ranks do: each rank is
+then at the same place in its own stream). Let L = lcm(W, W') and B the smallest multiple of L
+at or above every old rank's next_seq. The carried files are every file the old ranks still
+had to read below B (each partial file from its offset), sorted by seq. New rank r' reads the
+carried files whose index in that list is r' modulo W', then seqs B + r', B + r' + W', ...
+Every batch not yet consumed is read exactly once, and after the carried files each new rank
+is back on the plain rule seq = rank (mod W').
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from queue_client.errors import InvalidRequest
 from queue_client.world import World
 
+STATE_VERSION = 1
 _KEYS = ("version", "dataset", "rank", "world_size", "splits")
 
 
-def plan_resume(state: Mapping[str, Any], world: World, dataset: str) -> dict[str, tuple[int, int]]:
-    """{split: (seq, offset)} for this rank, from a state saved by QueueClient.state_dict()."""
+@dataclass(frozen=True)
+class StreamPlan:
+    """Explicit (seq, offset) files first, then next_seq, next_seq + stride, ..."""
+
+    items: tuple[tuple[int, int], ...]
+    next_seq: int
+
+    def normalized(self, stride: int) -> StreamPlan:
+        """Fold trailing items that are just the stride's next seqs back into next_seq."""
+        items, next_seq = list(self.items), self.next_seq
+        while len(items) > 1 and items[-1] == (next_seq - stride, 0):
+            items.pop()
+            next_seq -= stride
+        return StreamPlan(tuple(items), next_seq)
+
+    def to_state(self, stride: int) -> dict[str, Any]:
+        if self.items:
+            (seq, offset), rest = self.items[0], self.items[1:]
+            return {"seq": seq, "offset": offset, "next_seq": self.next_seq, "pending": [list(i) for i in rest]}
+        return {"seq": self.next_seq, "offset": 0, "next_seq": self.next_seq + stride, "pending": []}
+
+
+def _plan_from_state(split: str, pos: Mapping[str, Any]) -> StreamPlan:
+    def nat(value: Any, what: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidRequest(f"state of split {split!r}: {what} is {value!r}, expected an int >= 0")
+        return value
+
+    seq, offset = nat(pos.get("seq"), "seq"), nat(pos.get("offset"), "offset")
+    next_seq = nat(pos.get("next_seq"), "next_seq")
+    pending = pos.get("pending", [])
+    if not isinstance(pending, list):
+        raise InvalidRequest(f"state of split {split!r}: pending must be a list of [seq, offset]")
+    items = [(seq, offset)]
+    for item in pending:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise InvalidRequest(f"state of split {split!r}: pending item {item!r} is not [seq, offset]")
+        items.append((nat(item[0], "a pending seq"), nat(item[1], "a pending offset")))
+    return StreamPlan(tuple(items), next_seq)
+
+
+def _check_state(state: Any, dataset: str) -> Mapping[str, Any]:
     if not isinstance(state, Mapping):
         raise InvalidRequest(f"state must be a dict from QueueClient.state_dict(), got {type(state).__name__}")
     missing = [k for k in _KEYS if k not in state]
     if missing:
         raise InvalidRequest(f"state lacks keys {missing}: pass what QueueClient.state_dict() returned")
-    if state["version"] != 1:
-        raise InvalidRequest(f"state version {state['version']!r} is not supported (expected 1)")
+    if state["version"] != STATE_VERSION:
+        raise InvalidRequest(f"state version {state['version']!r} is not supported (expected {STATE_VERSION})")
     if state["dataset"] != dataset:
         raise InvalidRequest(f"state is for dataset {state['dataset']!r}, this client reads {dataset!r}")
-    if state["world_size"] != world.world_size:
-        raise InvalidRequest(
-            f"state was saved with world_size {state['world_size']}, this client has {world.world_size}"
-        )
-    if state["rank"] != world.rank:
-        raise InvalidRequest(f"state was saved by rank {state['rank']}, this client is rank {world.rank}")
-    positions = {}
-    for split, pos in state["splits"].items():
-        seq, offset = pos.get("seq"), pos.get("offset")
-        if not isinstance(seq, int) or not isinstance(offset, int) or seq < 0 or offset < 0:
-            raise InvalidRequest(f"state of split {split!r} has seq={seq!r}, offset={offset!r}: expected ints >= 0")
-        if not world.owns(seq):
-            raise InvalidRequest(f"state of split {split!r}: seq {seq} is not one of rank {world.rank}'s seqs")
-        positions[split] = (seq, offset)
-    return positions
+    World(state["rank"], state["world_size"])
+    if not isinstance(state["splits"], Mapping):
+        raise InvalidRequest("state['splits'] must be a dict of split name to position")
+    return state
+
+
+def _lockstep_states(state: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every rank's state from one rank's, assuming each rank read as many batches."""
+    w, q = state["world_size"], state["rank"]
+    out = []
+    for r in range(w):
+        splits = {}
+        for split, pos in state["splits"].items():
+            plan = _plan_from_state(split, pos)
+            if len(plan.items) != 1 or plan.next_seq != plan.items[0][0] + w or plan.items[0][0] % w != q:
+                raise InvalidRequest(
+                    f"state of split {split!r} was itself resumed elastically; pass every rank's state "
+                    "(gather them with torch.distributed.all_gather_object) instead of one"
+                )
+            seq, offset = plan.items[0]
+            splits[split] = {"seq": seq - q + r, "offset": offset, "next_seq": plan.next_seq - q + r, "pending": []}
+        out.append({**state, "rank": r, "splits": splits})
+    return out
+
+
+def elastic_plan(old: Sequence[StreamPlan], old_world: int, world: World) -> StreamPlan:
+    """The plan of `world.rank` among world.world_size ranks, from the W old ranks' plans."""
+    lcm = math.lcm(old_world, world.world_size)
+    top = max([p.next_seq for p in old] + [s + 1 for p in old for s, _ in p.items])
+    boundary = lcm * math.ceil(top / lcm)
+    carried: list[tuple[int, int]] = []
+    for plan in old:
+        carried.extend(plan.items)
+        carried.extend((s, 0) for s in range(plan.next_seq, boundary, old_world))
+    carried.sort()
+    seqs = [s for s, _ in carried]
+    if len(set(seqs)) != len(seqs):
+        raise InvalidRequest("the ranks' states overlap: two ranks claim the same file")
+    mine = tuple(carried[world.rank :: world.world_size])
+    return StreamPlan(mine, boundary + world.rank)
+
+
+def plan_resume(state: Mapping[str, Any] | Sequence[Mapping[str, Any]], world: World, dataset: str) -> dict[str, StreamPlan]:
+    """{split: plan} for this rank, from one rank's state or a list of every rank's state."""
+    if isinstance(state, Mapping):
+        state = _check_state(state, dataset)
+        if state["world_size"] == world.world_size and state["rank"] == world.rank:
+            return {split: _plan_from_state(split, pos) for split, pos in state["splits"].items()}
+        states: list[Mapping[str, Any]] = _lockstep_states(state)
+    else:
+        states = [_check_state(s, dataset) for s in state]
+        if not states:
+            raise InvalidRequest("an empty list of states")
+        sizes = {s["world_size"] for s in states}
+        if len(sizes) != 1:
+            raise InvalidRequest(f"the states come from different world sizes {sorted(sizes)}")
+        states.sort(key=lambda s: s["rank"])
+        if [s["rank"] for s in states] != list(range(states[0]["world_size"])):
+            raise InvalidRequest(f"need one state per rank 0..{states[0]['world_size'] - 1}, got ranks {[s['rank'] for s in states]}")
+    old_world = states[0]["world_size"]
+    if old_world == world.world_size:
+        mine = states[world.rank]
+        return {split: _plan_from_state(split, pos) for split, pos in mine["splits"].items()}
+    splits = set(states[0]["splits"])
+    plans = {}
+    for split in sorted(splits):
+        old = [_plan_from_state(split, s["splits"][split]) for s in states]
+        plans[split] = elastic_plan(old, old_world, world)
+    return plans

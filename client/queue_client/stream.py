@@ -9,7 +9,7 @@ and the prefetch of the one after starts.
 from __future__ import annotations
 
 import os
-import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ import torch
 
 from queue_client import errors
 from queue_client.batchfile import file_crc32, load_batch_file
+from queue_client.resume import StreamPlan
 from queue_client.schema import FieldSpec, check_tensors, is_xy
 from queue_client.wire import batchqueue_pb2 as pb
 
@@ -35,6 +36,7 @@ class LeaseRef:
     dataset: str
     split: str
     seq: int
+    carried: bool = False
     released: bool = False
 
 
@@ -44,6 +46,7 @@ class LoadedFile:
     seq: int
     num_batches: int
     tensors: list[torch.Tensor]  # schema order, each [num_batches, batch_size, *shape]
+    start: int = 0  # the first batch to serve: later than 0 when resuming mid-file
 
 
 class LeaseSource:
@@ -55,7 +58,7 @@ class LeaseSource:
     verify_checksums: bool
     executor: ThreadPoolExecutor
 
-    def acquire(self, split: str, seq: int | None, deadline: float) -> pb.Lease: ...  # pragma: no cover
+    def acquire(self, split: str, seq: int | None, deadline: float, carried: bool = False) -> pb.Lease: ...  # pragma: no cover
     def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
     def release(self, ref: LeaseRef, outcome: int, reason: str = "") -> None: ...  # pragma: no cover
     def release_later(self, ref: LeaseRef, outcome: int) -> None: ...  # pragma: no cover
@@ -68,9 +71,8 @@ class SplitStream:
         split: str,
         schema: tuple[FieldSpec, ...],
         *,
-        first_seq: int | None,
+        plan: StreamPlan | None,
         seq_stride: int,
-        offset: int,
         prefetch: bool,
         timeout_s: float,
         clock: Callable[[], float],
@@ -84,15 +86,15 @@ class SplitStream:
         self.prefetch = prefetch
         self.timeout_s = timeout_s
         self._clock = clock
-        # Deterministic streams know their seqs; best-effort ones (first_seq None) take any file.
-        self._next_seq = first_seq
-        self._skip = offset  # batches of the first file already consumed before a resume
+        # Deterministic streams know their seqs; best-effort ones (plan None) take any file.
+        self._plan: deque[tuple[int, int]] = deque(plan.items if plan else ())
+        self._next_seq: int | None = plan.next_seq if plan else None
         self.current: LoadedFile | None = None
         self._tensors: list[torch.Tensor] = []
         self._num_batches = 0
         self.offset = 0
         self._pending: Future[LoadedFile] | None = None
-        self._lock = threading.Lock()
+        self._pending_item: tuple[int, int] | None = None
 
     # ---- the hot path -------------------------------------------------------------------
     def next_views(self) -> list[torch.Tensor]:
@@ -104,47 +106,57 @@ class SplitStream:
         return [t[i] for t in self._tensors]
 
     # ---- file boundaries ------------------------------------------------------------------
-    def _take_seq(self) -> int | None:
+    def _take(self) -> tuple[int | None, int, bool]:
+        """The next file to read: (seq, first batch, carried over from a plan?)."""
+        if self._plan:
+            seq, offset = self._plan.popleft()
+            return seq, offset, True
         seq = self._next_seq
         if seq is not None:
             self._next_seq = seq + self.stride
-        return seq
+        return seq, 0, False
+
+    def _submit(self) -> Future[LoadedFile]:
+        seq, offset, carried = self._take()
+        self._pending_item = None if seq is None else (seq, offset)
+        return self.source.executor.submit(self._fetch, seq, offset, carried)
 
     def _advance(self) -> None:
         old = self.current
         if old is not None:
             self.source.release_later(old.lease, CONSUMED)
             self.current = None
-        pending = self._pending
+        pending = self._pending if self._pending is not None else self._submit()
         self._pending = None
-        if pending is None:
-            pending = self.source.executor.submit(self._fetch, self._take_seq())
         loaded = pending.result()
         self.current = loaded
         self._tensors = loaded.tensors
         self._num_batches = loaded.num_batches
-        self.offset = min(self._skip, loaded.num_batches)
-        self._skip = 0
+        self.offset = min(loaded.start, loaded.num_batches)
+        self._pending_item = None
         if self.prefetch:
-            self._pending = self.source.executor.submit(self._fetch, self._take_seq())
+            self._pending = self._submit()
         if self.offset >= self._num_batches:  # a resume exactly at a file's end
             self._advance()
 
-    def _fetch(self, seq: int | None) -> LoadedFile:
+    def _fetch(self, seq: int | None, start: int, carried: bool) -> LoadedFile:
         deadline = self._clock() + self.timeout_s
         for _attempt in range(_CORRUPT_RETRIES):
-            lease = self.source.acquire(self.split, seq, deadline)
-            ref = LeaseRef(lease.lease_id, self.source.dataset, self.split, lease.seq)
+            lease = self.source.acquire(self.split, seq, deadline, carried)
+            ref = LeaseRef(lease.lease_id, self.source.dataset, self.split, lease.seq, carried)
             self.source.hold(ref)
             try:
-                return self._open(lease, ref)
+                loaded = self._open(lease, ref)
             except errors.CorruptBatchFile as exc:
                 # Quarantined by the server; in deterministic mode the same seq is produced
                 # again, so the rank's stream loses nothing.
                 self.source.release(ref, CORRUPT, str(exc))
+                continue
             except BaseException:
                 self.source.release(ref, RETURNED)
                 raise
+            loaded.start = start
+            return loaded
         raise errors.CorruptBatchFile(
             f"{self.source.dataset}/{self.split} seq {seq}: {_CORRUPT_RETRIES} files in a row failed to verify"
         )
@@ -180,19 +192,18 @@ class SplitStream:
         return LoadedFile(ref, lease.seq, lease.num_batches, tensors)
 
     # ---- state and shutdown ---------------------------------------------------------------
-    def position(self) -> tuple[int | None, int]:
-        """(seq of the next batch's file, offset in it): where a resume starts."""
+    def plan(self) -> StreamPlan:
+        """What is left to read, as a plan: where a resume starts. Prefetched files count as
+        unread, so a resume produces them again rather than skip them."""
+        items: list[tuple[int, int]] = []
         cur = self.current
-        if cur is None:
-            return self._pending_first_seq(), self._skip
-        if self.offset >= cur.num_batches:
-            return cur.seq + self.stride, 0
-        return cur.seq, self.offset
-
-    def _pending_first_seq(self) -> int | None:
-        if self._next_seq is None:
-            return None
-        return self._next_seq - (self.stride if self._pending is not None else 0)
+        if cur is not None and self.offset < cur.num_batches:
+            items.append((cur.seq, self.offset))
+        if self._pending_item is not None:
+            items.append(self._pending_item)
+        items.extend(self._plan)
+        assert self._next_seq is not None, "best-effort streams have no plan"
+        return StreamPlan(tuple(items), self._next_seq).normalized(self.stride)
 
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread."""

@@ -129,6 +129,9 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
                     max_backlog_files=snap.max_backlog_files,
                     world_size=snap.world_size,
                     next_seq=snap.next_seq,
+                    worker_pids=snap.worker_pids,
+                    disk_errors=c.disk_errors,
+                    last_disk_error=snap.last_disk_error,
                     ranks=[pb.RankStats(rank=r.rank, last_consumed_seq=r.last_consumed_seq, files_leased=r.files_leased, lag_files=r.lag_files) for r in snap.ranks],
                 )
             )
@@ -145,7 +148,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         queue = self._queue(runtime, request.split)
         world_size = request.world_size or 1
         seq = request.seq if request.HasField("seq") else None
-        lease, entry = await queue.acquire(request.rank, world_size, request.client_id, seq, wait_s)
+        lease, entry = await queue.acquire(request.rank, world_size, request.client_id, seq, wait_s, request.carried)
         return pb.Lease(
             lease_id=lease.lease_id,
             dataset=runtime.name,
@@ -166,6 +169,9 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         queue = self._find_lease(request.lease_id)
         queue.release(request.lease_id, request.client_id, int(request.outcome), request.reason[:2000])
         return pb.ReleaseLeaseResponse()
+
+    async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
+        return pb.PingResponse(payload=request.payload)
 
     @_translate
     async def RenewLeases(self, request: pb.RenewLeasesRequest, context: Any) -> pb.RenewLeasesResponse:

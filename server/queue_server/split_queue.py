@@ -98,6 +98,8 @@ class SplitSnapshot:
     world_size: int
     next_seq: int
     ranks: list[RankView] = field(default_factory=list)
+    worker_pids: list[int] = field(default_factory=list)
+    last_disk_error: str = ""
 
 
 class SplitQueue:
@@ -244,7 +246,7 @@ class SplitQueue:
         self._last_acquired.clear()
         self._last_consumed.clear()
 
-    async def acquire(self, rank: int, world_size: int, client_id: str, seq: int | None, wait_s: float) -> tuple[Lease, FileEntry]:
+    async def acquire(self, rank: int, world_size: int, client_id: str, seq: int | None, wait_s: float, carried: bool = False) -> tuple[Lease, FileEntry]:
         self._check_serving()
         if world_size < 1 or not 0 <= rank < world_size:
             raise errors.InvalidRequest(f"rank {rank} is outside [0, world_size={world_size})")
@@ -257,12 +259,13 @@ class SplitQueue:
             return await self._acquire_any(rank, client_id, wait_s)
         if seq is None:
             seq = self._next_for(rank)
-        elif seq % world_size != rank:
+        elif seq % world_size != rank and not carried:
             raise errors.InvalidRequest(
                 f"seq {seq} belongs to rank {seq % world_size} of world_size {world_size}, not to rank {rank}"
             )
-        prev = self._last_acquired.get(rank)
-        self._last_acquired[rank] = seq if prev is None or seq > prev or seq < prev - world_size else prev
+        if seq % world_size == rank:
+            prev = self._last_acquired.get(rank)
+            self._last_acquired[rank] = seq if prev is None or seq > prev or seq < prev - world_size else prev
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
@@ -496,6 +499,7 @@ class SplitQueue:
             raise
         self._failures = 0
         self._disk_backoff_s = _DISK_BACKOFF_S[0]
+        self.last_disk_error = ""
         self._in_production.discard(seq)
         self._busy.discard(w)
         if not reproduce:
@@ -579,5 +583,7 @@ class SplitQueue:
             world_size=w,
             next_seq=min(self._next_forward),
             ranks=ranks,
+            worker_pids=self.worker_pids(),
+            last_disk_error=self.last_disk_error,
         )
 

@@ -107,7 +107,7 @@ class RankStats(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., last_consumed_seq: _Optional[int] = ..., files_leased: _Optional[int] = ..., lag_files: _Optional[int] = ...) -> None: ...
 
 class SplitStats(_message.Message):
-    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files")
+    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error")
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     PRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,9 @@ class SplitStats(_message.Message):
     NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     REPRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_PIDS_FIELD_NUMBER: _ClassVar[int]
+    DISK_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    LAST_DISK_ERROR_FIELD_NUMBER: _ClassVar[int]
     split: str
     produced_files: int
     consumed_files: int
@@ -136,7 +139,10 @@ class SplitStats(_message.Message):
     next_seq: int
     ranks: _containers.RepeatedCompositeFieldContainer[RankStats]
     reproduced_files: int
-    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ...) -> None: ...
+    worker_pids: _containers.RepeatedScalarFieldContainer[int]
+    disk_errors: int
+    last_disk_error: str
+    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("dataset", "state", "last_error", "splits")
@@ -151,7 +157,7 @@ class GetStatsResponse(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., state: _Optional[str] = ..., last_error: _Optional[str] = ..., splits: _Optional[_Iterable[_Union[SplitStats, _Mapping]]] = ...) -> None: ...
 
 class AcquireLeaseRequest(_message.Message):
-    __slots__ = ("dataset", "split", "rank", "world_size", "client_id", "seq", "wait_ms")
+    __slots__ = ("dataset", "split", "rank", "world_size", "client_id", "seq", "wait_ms", "carried")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +165,7 @@ class AcquireLeaseRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    CARRIED_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     split: str
     rank: int
@@ -166,7 +173,8 @@ class AcquireLeaseRequest(_message.Message):
     client_id: str
     seq: int
     wait_ms: int
-    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    carried: bool
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., wait_ms: _Optional[int] = ..., carried: _Optional[bool] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "dataset", "split", "seq", "path", "num_batches", "batch_size", "size_bytes", "crc32", "ttl_ms", "rank", "world_size")
@@ -227,3 +235,15 @@ class RenewLeasesResponse(_message.Message):
     lost_lease_ids: _containers.RepeatedScalarFieldContainer[str]
     ttl_ms: int
     def __init__(self, lost_lease_ids: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class PingRequest(_message.Message):
+    __slots__ = ("payload",)
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
+
+class PingResponse(_message.Message):
+    __slots__ = ("payload",)
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    def __init__(self, payload: _Optional[bytes] = ...) -> None: ...

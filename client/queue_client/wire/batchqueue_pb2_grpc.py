@@ -69,6 +69,11 @@ class BatchQueueStub:
                 request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.RenewLeasesRequest.SerializeToString,
                 response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.RenewLeasesResponse.FromString,
                 _registered_method=True)
+        self.Ping = channel.unary_unary(
+                '/batchqueue.v1.BatchQueue/Ping',
+                request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.PingRequest.SerializeToString,
+                response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.PingResponse.FromString,
+                _registered_method=True)
 
 
 class BatchQueueServicer:
@@ -129,6 +134,13 @@ class BatchQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ping(self, request, context):
+        """Returns its payload: a bare round trip, to measure the transport. Safe to retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BatchQueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +178,11 @@ def add_BatchQueueServicer_to_server(servicer, server):
                     servicer.RenewLeases,
                     request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.RenewLeasesRequest.FromString,
                     response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.RenewLeasesResponse.SerializeToString,
+            ),
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.PingRequest.FromString,
+                    response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.PingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,6 +374,33 @@ class BatchQueue:
             '/batchqueue.v1.BatchQueue/RenewLeases',
             queue__client_dot_wire_dot_batchqueue__pb2.RenewLeasesRequest.SerializeToString,
             queue__client_dot_wire_dot_batchqueue__pb2.RenewLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchqueue.v1.BatchQueue/Ping',
+            queue__client_dot_wire_dot_batchqueue__pb2.PingRequest.SerializeToString,
+            queue__client_dot_wire_dot_batchqueue__pb2.PingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,217 @@
+"""Deterministic per-rank streams, exact resume after SIGKILL, elastic world size.
+
+Each test runs real server and client processes; a batch is identified by its position
+(seq, offset) and a hash of its bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from conftest import SUPPORT, subprocess_env, wait_until
+
+from queue_client import QueueClient
+from queue_client.batchfile import scan_queue
+from queue_client.wire import batchqueue_pb2 as pb
+
+NB = 5  # batches per file in these tests
+
+
+def tiny_config(*names: str, workers: int = 1, mode: str = "deterministic", extra: str = "") -> str:
+    tables = []
+    for name in names:
+        tables.append(
+            textwrap.dedent(
+                f"""
+                [datasets.{name}]
+                provider = "bq_test_providers:TinyProvider"
+                batch_size = 2
+                batches_per_file = {NB}
+                workers = {workers}
+                mode = "{mode}"
+                {extra}
+                """
+            )
+        )
+    return "[server]\nlease_ttl_s = 30\n" + "".join(tables)
+
+
+class Rank:
+    """A rank_client.py process."""
+
+    def __init__(self, tmp: Path, tag: str, address: str, rank: int, world: int, jobs: list[dict[str, Any]], hold: bool = False) -> None:
+        self.outs = {}
+        for job in jobs:
+            job.setdefault("out", str(tmp / f"{tag}-{job['dataset']}-r{rank}.jsonl"))
+            self.outs[job["dataset"]] = Path(job["out"])
+        spec = tmp / f"{tag}-r{rank}.json"
+        spec.write_text(json.dumps({"address": address, "rank": rank, "world_size": world, "hold": hold, "jobs": jobs}))
+        self.proc = subprocess.Popen([sys.executable, str(SUPPORT / "rank_client.py"), str(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        self.hold = hold
+
+    def wait_ready(self) -> None:
+        line = self.proc.stdout.readline()
+        assert line.strip() == "READY", f"rank client failed: {line}{self.proc.stderr.read()}"
+
+    def finish(self) -> None:
+        out, err = self.proc.communicate(timeout=120)
+        assert self.proc.returncode == 0, err
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.communicate(timeout=30)
+
+    def batches(self, dataset: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.outs[dataset].read_text().splitlines()]
+
+
+def _run(tmp: Path, tag: str, address: str, world: int, jobs_for: Any) -> list[Rank]:
+    ranks = [Rank(tmp, tag, address, r, world, jobs_for(r)) for r in range(world)]
+    for rank in ranks:
+        rank.finish()
+    return ranks
+
+
+def test_two_runs_give_bit_identical_streams(start_server, tmp_path: Path) -> None:
+    hashes = []
+    for run in ("a", "b"):
+        server = start_server(tiny_config("d", workers=2), data_root=tmp_path / f"root-{run}")
+        ranks = _run(tmp_path, run, server.address, 2, lambda r: [{"dataset": "d", "batches": 12}])
+        hashes.append([[b["hash"] for b in rank.batches("d")] for rank in ranks])
+        assert [(b["seq"], b["offset"]) for b in ranks[1].batches("d")][:6] == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (3, 0)]
+        server.stop()
+    assert hashes[0] == hashes[1]
+    assert hashes[0][0] != hashes[0][1]
+
+
+def test_four_ranks_cover_every_seq_exactly_once_with_three_workers(start_server, tmp_path: Path) -> None:
+    server = start_server(tiny_config("d", workers=3))
+    ranks = _run(tmp_path, "cover", server.address, 4, lambda r: [{"dataset": "d", "batches": 3 * NB}])
+    seen = {r: {(b["seq"], b["offset"]) for b in rank.batches("d")} for r, rank in enumerate(ranks)}
+    for r in range(4):
+        assert {s for s, _ in seen[r]} == {r, r + 4, r + 8}  # seq = rank (mod 4)
+        for q in range(r + 1, 4):
+            assert not seen[r] & seen[q]
+    union = set().union(*seen.values())
+    assert union == {(s, i) for s in range(12) for i in range(NB)}
+    hashes = [b["hash"] for rank in ranks for b in rank.batches("d")]
+    assert len(set(hashes)) == len(hashes)  # no batch served twice, not even by content
+
+
+def test_prefix_property_after_sigkill_of_server_and_clients(start_server, tmp_path: Path) -> None:
+    total = 13
+    splits = {"k3": 3, "k5": 5, "k9": 9}  # mid-file, at a file's end, into the second file
+    root = tmp_path / "root"
+    server = start_server(tiny_config("ref", *splits), data_root=root)
+    # The uninterrupted reference, and the first part of each interrupted run.
+    ranks = []
+    for r in range(2):
+        jobs = [{"dataset": "ref", "batches": total}]
+        jobs += [{"dataset": d, "batches": k, "state_out": str(tmp_path / f"{d}-r{r}.state")} for d, k in splits.items()]
+        ranks.append(Rank(tmp_path, "first", server.address, r, 2, jobs, hold=True))
+    for rank in ranks:
+        rank.wait_ready()
+    server.kill(signal.SIGKILL)
+    for rank in ranks:
+        rank.kill()
+    server = start_server(tiny_config("ref", *splits), data_root=root)
+    resumed = _run(
+        tmp_path,
+        "second",
+        server.address,
+        2,
+        lambda r: [{"dataset": d, "batches": total - k, "state_in": str(tmp_path / f"{d}-r{r}.state")} for d, k in splits.items()],
+    )
+    for r in range(2):
+        reference = ranks[r].batches("ref")
+        for d in splits:
+            stitched = ranks[r].batches(d) + resumed[r].batches(d)
+            assert stitched == reference, f"rank {r}, split point {d}"
+
+
+def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(start_server, tmp_path: Path) -> None:
+    server = start_server(tiny_config("d"))
+    # Four ranks read 7 batches each: one whole file and two batches of the next.
+    old = _run(tmp_path, "old", server.address, 4, lambda r: [{"dataset": "d", "batches": 7, "state_out": str(tmp_path / f"old-r{r}.state")}])
+    states = [json.loads((tmp_path / f"old-r{r}.state").read_text()) for r in range(4)]
+    (tmp_path / "all.state").write_text(json.dumps(states))
+    # Two ranks take over: carried files 4..11 split between them, then 12, 14, ... and 13, 15, ...
+    new = _run(tmp_path, "new", server.address, 2, lambda r: [{"dataset": "d", "batches": 26, "state_in": str(tmp_path / "all.state")}])
+    consumed = [(b["seq"], b["offset"]) for rank in old + new for b in rank.batches("d")]
+    counts = Counter(consumed)
+    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
+    assert {k for k in counts if k[0] < 16} == {(s, i) for s in range(16) for i in range(NB)}
+    assert {b["seq"] for b in new[0].batches("d")} == {4, 6, 8, 10, 12, 14}
+    # A single rank's state is enough when ranks stepped in lockstep: the same plan comes out.
+    with QueueClient(server.address, "d", rank=1, world_size=2) as client:
+        client.load_state_dict(states[2])
+        assert client.state_dict()["splits"]["train"] == {"seq": 5, "offset": 2, "next_seq": 13, "pending": [[7, 2], [9, 0], [11, 0]]}
+
+
+def test_restarted_server_carries_on_from_the_journal(start_server, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    server = start_server(tiny_config("d"), data_root=root)
+    with QueueClient(server.address, "d") as client:
+        for _ in range(2 * NB):
+            client.get_batch("train")
+        state = client.state_dict()
+    before = server.split_stats("d")
+    assert before["ranks"][0]["last_consumed_seq"] == "1"
+    server.kill(signal.SIGKILL)
+    qdir = root / "d" / "queue" / "train"
+    (qdir / ".tmp-1-0000000099-1.pt").write_bytes(b"half a file")
+    server = start_server(tiny_config("d"), data_root=root)
+    assert not list(qdir.glob(".tmp-*"))
+    after = server.split_stats("d")
+    assert after["produced_files"] >= before["produced_files"] and after["consumed_files"] == 2
+    assert after["reproduced_files"] == 0  # nothing made twice: seq carried on from the journal
+    assert min(n.seq for n in scan_queue(qdir)) == 2
+    with QueueClient(server.address, "d") as client:
+        client.load_state_dict(state)
+        client.get_batch("train")
+        assert client.state_dict()["splits"]["train"]["seq"] == 2
+
+
+def test_client_survives_a_server_restart(start_server, tmp_path: Path) -> None:
+    sock = tmp_path / "bq.sock"
+    root = tmp_path / "root"
+    server = start_server(tiny_config("d"), data_root=root, listen=f"unix:{sock}")
+    with QueueClient(server.address, "d", reconnect_timeout_s=60) as client:
+        seen = [client.get_batch("train")[0].clone() for _ in range(3)]
+        server.kill(signal.SIGKILL)
+        server = start_server(tiny_config("d"), data_root=root, listen=f"unix:{sock}")
+        seen += [client.get_batch("train")[0].clone() for _ in range(3 * NB)]
+        state = client.state_dict()["splits"]["train"]
+    assert state == {"seq": 3, "offset": 3, "next_seq": 4, "pending": []}
+    # The same stream as a client that never saw a restart.
+    with QueueClient(server.address, "d") as fresh:
+        for expected in seen:
+            assert (fresh.get_batch("train")[0] == expected).all()
+
+
+def test_best_effort_bounds_the_lead_over_the_slowest_rank(start_server) -> None:
+    server = start_server(tiny_config("d", mode="best_effort", extra="max_lead = 2\nmax_backlog_files = 4"))
+    stub = server.stub
+
+    def take(rank: int) -> pb.Lease:
+        lease = stub.AcquireLease(pb.AcquireLeaseRequest(dataset="d", split="train", rank=rank, world_size=2, client_id=f"c{rank}", wait_ms=300), timeout=10)
+        stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=lease.lease_id, client_id=f"c{rank}", outcome=pb.CONSUMED), timeout=10)
+        return lease
+
+    wait_until(lambda: server.split_stats("d")["ready_files"] >= 4, what="a backlog")
+    seqs = [take(0).seq, take(0).seq]
+    with pytest.raises(grpc.RpcError) as err:
+        take(0)  # two files ahead of rank 1, which has read nothing
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    seqs.append(take(1).seq)
+    seqs.append(take(0).seq)  # rank 1 moved, so rank 0 may go on
+    assert len(set(seqs)) == 4
