@@ -132,6 +132,10 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
                     worker_pids=snap.worker_pids,
                     disk_errors=c.disk_errors,
                     last_disk_error=snap.last_disk_error,
+                    seqs_produced=snap.seqs_produced,
+                    seqs_consumed=snap.seqs_consumed,
+                    seqs_quarantined=snap.seqs_quarantined,
+                    seqs_missing=snap.seqs_missing,
                     ranks=[pb.RankStats(rank=r.rank, last_consumed_seq=r.last_consumed_seq, files_leased=r.files_leased, lag_files=r.lag_files) for r in snap.ranks],
                 )
             )

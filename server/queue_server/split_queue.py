@@ -100,6 +100,10 @@ class SplitSnapshot:
     ranks: list[RankView] = field(default_factory=list)
     worker_pids: list[int] = field(default_factory=list)
     last_disk_error: str = ""
+    seqs_produced: int = 0
+    seqs_consumed: int = 0
+    seqs_quarantined: int = 0
+    seqs_missing: int = 0
 
 
 class SplitQueue:
@@ -134,6 +138,7 @@ class SplitQueue:
         self._next_forward = list(range(self._n))
         self._offsets: dict[int, int] = {}  # seq -> journal offset of its latest produced record
         self._consumed: set[int] = set()
+        self._quarantined: set[int] = set()
         self._reproduce: set[int] = set()
         self._in_production: set[int] = set()
         self._last_acquired: dict[int, int] = {}
@@ -171,6 +176,7 @@ class SplitQueue:
         c.produced_bytes = summary.produced_bytes
         self._offsets = dict(summary.offsets)
         self._consumed = set(summary.consumed)
+        self._quarantined = set(summary.quarantined)
         self.world_size = summary.world_size
         self._last_consumed = dict(summary.last_consumed)
         for w, (seq, _) in summary.last_forward.items():
@@ -282,7 +288,7 @@ class SplitQueue:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise errors.NoBatchReady(
-                    f"no file for {self.config.name}/{self.split} seq {seq} (rank {rank}) became ready within {wait_s:.1f}s"
+                    f"no file for {self.config.name}/{self.split} seq {seq} (rank {rank}) became ready within {wait_s:.1f}s{self._why_slow()}"
                 )
             await self.changed.wait(remaining)
 
@@ -303,9 +309,16 @@ class SplitQueue:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise errors.NoBatchReady(
-                    f"no file for {self.config.name}/{self.split} (rank {rank}) became ready within {wait_s:.1f}s"
+                    f"no file for {self.config.name}/{self.split} (rank {rank}) became ready within {wait_s:.1f}s{self._why_slow()}"
                 )
             await self.changed.wait(remaining)
+
+    def _why_slow(self) -> str:
+        if self.last_disk_error:
+            return f"; the provider cannot write: {self.last_disk_error}"
+        if self.last_error:
+            return f"; the provider's last error: {self.last_error}"
+        return ""
 
     def _grant(self, entry: FileEntry, rank: int, client_id: str) -> Lease:
         expires = asyncio.get_running_loop().time() + self.lease_ttl_s
@@ -357,6 +370,7 @@ class SplitQueue:
     def quarantine_file(self, entry: FileEntry, reason: str) -> None:
         """Move a file aside with its reason; in deterministic mode its seq is produced again."""
         self.files.pop(entry.seq, None)
+        self._quarantined.add(entry.seq)
         self.counters.quarantined_files += 1
         self.journal.append({"e": "q", "seq": entry.seq, "why": reason[:500]})
         src, dst = self.dir / entry.name, self.quarantine / entry.name
@@ -513,6 +527,7 @@ class SplitQueue:
             self.counters.produced_files += 1
         self.counters.produced_bytes += reply["bytes"]
         self._consumed.discard(seq)
+        self._quarantined.discard(seq)
         self.files[seq] = FileEntry(seq, reply["name"], reply["bytes"], reply["crc"])
         if self.verbose:
             log.info("%s/%s produced seq %d (%s, %d bytes)", self.config.name, self.split, seq, reply["name"], reply["bytes"])
@@ -585,5 +600,18 @@ class SplitQueue:
             ranks=ranks,
             worker_pids=self.worker_pids(),
             last_disk_error=self.last_disk_error,
+            **self._accounting(),
         )
+
+    def _accounting(self) -> dict[str, int]:
+        produced = set(self._offsets)
+        consumed = (self._consumed & produced) - set(self.files)
+        quarantined = (self._quarantined & produced) - set(self.files) - consumed
+        missing = produced - set(self.files) - consumed - quarantined
+        return {
+            "seqs_produced": len(produced),
+            "seqs_consumed": len(consumed),
+            "seqs_quarantined": len(quarantined),
+            "seqs_missing": len(missing),
+        }
 

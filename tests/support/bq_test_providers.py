@@ -80,3 +80,33 @@ class WrongSchemaProvider(TinyProvider):
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         b = super().sample_batch(split, rng)
         return {"x": b["x"], "y": b["y"].float()}
+
+
+class DiskFullProvider(TinyProvider):
+    """Fails every write with ENOSPC while the file named by `fault_file` exists: an injected
+    writer fault, so the test never fills a real disk."""
+
+    def __init__(self, context: ProviderContext, *, fault_file: str, width: int = 4) -> None:
+        super().__init__(context, width=width)
+        self.fault_file = fault_file
+
+    def produce_file(self, split: str, seq: int, directory: Any) -> Any:
+        import errno
+
+        if os.path.exists(self.fault_file):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return super().produce_file(split, seq, directory)
+
+
+class SlowProvider(TinyProvider):
+    """Takes `delay_s` per batch, so a test can kill the worker in the middle of a file."""
+
+    def __init__(self, context: ProviderContext, *, delay_s: float = 0.2, width: int = 4) -> None:
+        super().__init__(context, width=width)
+        self.delay_s = delay_s
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        import time
+
+        time.sleep(self.delay_s)  # stands for real work; not synchronisation
+        return super().sample_batch(split, rng)

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"queue_client/wire/batchqueue.proto\x12\rbatchqueue.v1\"\x15\n\x13ListDatasetsRequest\"(\n\x14ListDatasetsResponse\x12\x10\n\x08\x64\x61tasets\x18\x01 \x03(\t\"!\n\x0eGetMetaRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\xc1\x01\n\x0fGetMetaResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x11\n\tmeta_json\x18\x02 \x01(\t\x12\x15\n\rtraining_type\x18\x03 \x01(\t\x12\x12\n\nbatch_size\x18\x04 \x01(\x03\x12\x18\n\x10\x62\x61tches_per_file\x18\x05 \x01(\x03\x12\x11\n\tdata_root\x18\x06 \x01(\t\x12\x0c\n\x04mode\x18\x07 \x01(\t\x12\x0e\n\x06splits\x18\x08 \x03(\t\x12\x14\n\x0clease_ttl_ms\x18\t \x01(\x03\"2\n\x10GetSchemaRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\"E\n\tFieldSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04role\x18\x04 \x01(\t\"q\n\x11GetSchemaResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x12\n\nbatch_size\x18\x03 \x01(\x03\x12(\n\x06\x66ields\x18\x04 \x03(\x0b\x32\x18.batchqueue.v1.FieldSpec\"\"\n\x0fGetStatsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"]\n\tRankStats\x12\x0c\n\x04rank\x18\x01 \x01(\x03\x12\x19\n\x11last_consumed_seq\x18\x02 \x01(\x03\x12\x14\n\x0c\x66iles_leased\x18\x03 \x01(\x03\x12\x11\n\tlag_files\x18\x04 \x01(\x03\"\xa1\x03\n\nSplitStats\x12\r\n\x05split\x18\x01 \x01(\t\x12\x16\n\x0eproduced_files\x18\x02 \x01(\x03\x12\x16\n\x0e\x63onsumed_files\x18\x03 \x01(\x03\x12\x19\n\x11quarantined_files\x18\x04 \x01(\x03\x12\x13\n\x0bready_files\x18\x05 \x01(\x03\x12\x14\n\x0cleased_files\x18\x06 \x01(\x03\x12\x16\n\x0eleases_expired\x18\x07 \x01(\x03\x12\x16\n\x0eproduced_bytes\x18\x08 \x01(\x03\x12\x17\n\x0fworker_restarts\x18\t \x01(\x03\x12\x19\n\x11max_backlog_files\x18\n \x01(\x03\x12\x12\n\nworld_size\x18\x0b \x01(\x03\x12\x10\n\x08next_seq\x18\x0c \x01(\x03\x12\'\n\x05ranks\x18\r \x03(\x0b\x32\x18.batchqueue.v1.RankStats\x12\x18\n\x10reproduced_files\x18\x0e \x01(\x03\x12\x13\n\x0bworker_pids\x18\x0f \x03(\x03\x12\x13\n\x0b\x64isk_errors\x18\x10 \x01(\x03\x12\x17\n\x0flast_disk_error\x18\x11 \x01(\t\"q\n\x10GetStatsResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12)\n\x06splits\x18\x04 \x03(\x0b\x32\x19.batchqueue.v1.SplitStats\"\xa6\x01\n\x13\x41\x63quireLeaseRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x03\x12\x12\n\nworld_size\x18\x04 \x01(\x03\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x10\n\x03seq\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x03\x12\x0f\n\x07\x63\x61rried\x18\x08 \x01(\x08\x42\x06\n\x04_seq\"\xd2\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05split\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x03\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\x13\n\x0bnum_batches\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\r\n\x05\x63rc32\x18\t \x01(\r\x12\x0e\n\x06ttl_ms\x18\n \x01(\x03\x12\x0c\n\x04rank\x18\x0b \x01(\x03\x12\x12\n\nworld_size\x18\x0c \x01(\x03\"z\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12.\n\x07outcome\x18\x03 \x01(\x0e\x32\x1d.batchqueue.v1.ReleaseOutcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x16\n\x14ReleaseLeaseResponse\":\n\x12RenewLeasesRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\"=\n\x13RenewLeasesResponse\x12\x16\n\x0elost_lease_ids\x18\x01 \x03(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\"\x1e\n\x0bPingRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x1f\n\x0cPingResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c*Z\n\x0eReleaseOutcome\x12\x1f\n\x1bRELEASE_OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43ONSUMED\x10\x01\x12\x0c\n\x08RETURNED\x10\x02\x12\x0b\n\x07\x43ORRUPT\x10\x03\x32\x86\x05\n\nBatchQueue\x12W\n\x0cListDatasets\x12\".batchqueue.v1.ListDatasetsRequest\x1a#.batchqueue.v1.ListDatasetsResponse\x12H\n\x07GetMeta\x12\x1d.batchqueue.v1.GetMetaRequest\x1a\x1e.batchqueue.v1.GetMetaResponse\x12N\n\tGetSchema\x12\x1f.batchqueue.v1.GetSchemaRequest\x1a .batchqueue.v1.GetSchemaResponse\x12K\n\x08GetStats\x12\x1e.batchqueue.v1.GetStatsRequest\x1a\x1f.batchqueue.v1.GetStatsResponse\x12H\n\x0c\x41\x63quireLease\x12\".batchqueue.v1.AcquireLeaseRequest\x1a\x14.batchqueue.v1.Lease\x12W\n\x0cReleaseLease\x12\".batchqueue.v1.ReleaseLeaseRequest\x1a#.batchqueue.v1.ReleaseLeaseResponse\x12T\n\x0bRenewLeases\x12!.batchqueue.v1.RenewLeasesRequest\x1a\".batchqueue.v1.RenewLeasesResponse\x12?\n\x04Ping\x12\x1a.batchqueue.v1.PingRequest\x1a\x1b.batchqueue.v1.PingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"queue_client/wire/batchqueue.proto\x12\rbatchqueue.v1\"\x15\n\x13ListDatasetsRequest\"(\n\x14ListDatasetsResponse\x12\x10\n\x08\x64\x61tasets\x18\x01 \x03(\t\"!\n\x0eGetMetaRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\xc1\x01\n\x0fGetMetaResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x11\n\tmeta_json\x18\x02 \x01(\t\x12\x15\n\rtraining_type\x18\x03 \x01(\t\x12\x12\n\nbatch_size\x18\x04 \x01(\x03\x12\x18\n\x10\x62\x61tches_per_file\x18\x05 \x01(\x03\x12\x11\n\tdata_root\x18\x06 \x01(\t\x12\x0c\n\x04mode\x18\x07 \x01(\t\x12\x0e\n\x06splits\x18\x08 \x03(\t\x12\x14\n\x0clease_ttl_ms\x18\t \x01(\x03\"2\n\x10GetSchemaRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\"E\n\tFieldSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04role\x18\x04 \x01(\t\"q\n\x11GetSchemaResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x12\n\nbatch_size\x18\x03 \x01(\x03\x12(\n\x06\x66ields\x18\x04 \x03(\x0b\x32\x18.batchqueue.v1.FieldSpec\"\"\n\x0fGetStatsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"]\n\tRankStats\x12\x0c\n\x04rank\x18\x01 \x01(\x03\x12\x19\n\x11last_consumed_seq\x18\x02 \x01(\x03\x12\x14\n\x0c\x66iles_leased\x18\x03 \x01(\x03\x12\x11\n\tlag_files\x18\x04 \x01(\x03\"\xff\x03\n\nSplitStats\x12\r\n\x05split\x18\x01 \x01(\t\x12\x16\n\x0eproduced_files\x18\x02 \x01(\x03\x12\x16\n\x0e\x63onsumed_files\x18\x03 \x01(\x03\x12\x19\n\x11quarantined_files\x18\x04 \x01(\x03\x12\x13\n\x0bready_files\x18\x05 \x01(\x03\x12\x14\n\x0cleased_files\x18\x06 \x01(\x03\x12\x16\n\x0eleases_expired\x18\x07 \x01(\x03\x12\x16\n\x0eproduced_bytes\x18\x08 \x01(\x03\x12\x17\n\x0fworker_restarts\x18\t \x01(\x03\x12\x19\n\x11max_backlog_files\x18\n \x01(\x03\x12\x12\n\nworld_size\x18\x0b \x01(\x03\x12\x10\n\x08next_seq\x18\x0c \x01(\x03\x12\'\n\x05ranks\x18\r \x03(\x0b\x32\x18.batchqueue.v1.RankStats\x12\x18\n\x10reproduced_files\x18\x0e \x01(\x03\x12\x13\n\x0bworker_pids\x18\x0f \x03(\x03\x12\x13\n\x0b\x64isk_errors\x18\x10 \x01(\x03\x12\x17\n\x0flast_disk_error\x18\x11 \x01(\t\x12\x15\n\rseqs_produced\x18\x12 \x01(\x03\x12\x15\n\rseqs_consumed\x18\x13 \x01(\x03\x12\x18\n\x10seqs_quarantined\x18\x14 \x01(\x03\x12\x14\n\x0cseqs_missing\x18\x15 \x01(\x03\"q\n\x10GetStatsResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12)\n\x06splits\x18\x04 \x03(\x0b\x32\x19.batchqueue.v1.SplitStats\"\xa6\x01\n\x13\x41\x63quireLeaseRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x03\x12\x12\n\nworld_size\x18\x04 \x01(\x03\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x10\n\x03seq\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x03\x12\x0f\n\x07\x63\x61rried\x18\x08 \x01(\x08\x42\x06\n\x04_seq\"\xd2\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05split\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x03\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\x13\n\x0bnum_batches\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\r\n\x05\x63rc32\x18\t \x01(\r\x12\x0e\n\x06ttl_ms\x18\n \x01(\x03\x12\x0c\n\x04rank\x18\x0b \x01(\x03\x12\x12\n\nworld_size\x18\x0c \x01(\x03\"z\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12.\n\x07outcome\x18\x03 \x01(\x0e\x32\x1d.batchqueue.v1.ReleaseOutcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x16\n\x14ReleaseLeaseResponse\":\n\x12RenewLeasesRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\"=\n\x13RenewLeasesResponse\x12\x16\n\x0elost_lease_ids\x18\x01 \x03(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\"\x1e\n\x0bPingRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x1f\n\x0cPingResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c*Z\n\x0eReleaseOutcome\x12\x1f\n\x1bRELEASE_OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43ONSUMED\x10\x01\x12\x0c\n\x08RETURNED\x10\x02\x12\x0b\n\x07\x43ORRUPT\x10\x03\x32\x86\x05\n\nBatchQueue\x12W\n\x0cListDatasets\x12\".batchqueue.v1.ListDatasetsRequest\x1a#.batchqueue.v1.ListDatasetsResponse\x12H\n\x07GetMeta\x12\x1d.batchqueue.v1.GetMetaRequest\x1a\x1e.batchqueue.v1.GetMetaResponse\x12N\n\tGetSchema\x12\x1f.batchqueue.v1.GetSchemaRequest\x1a .batchqueue.v1.GetSchemaResponse\x12K\n\x08GetStats\x12\x1e.batchqueue.v1.GetStatsRequest\x1a\x1f.batchqueue.v1.GetStatsResponse\x12H\n\x0c\x41\x63quireLease\x12\".batchqueue.v1.AcquireLeaseRequest\x1a\x14.batchqueue.v1.Lease\x12W\n\x0cReleaseLease\x12\".batchqueue.v1.ReleaseLeaseRequest\x1a#.batchqueue.v1.ReleaseLeaseResponse\x12T\n\x0bRenewLeases\x12!.batchqueue.v1.RenewLeasesRequest\x1a\".batchqueue.v1.RenewLeasesResponse\x12?\n\x04Ping\x12\x1a.batchqueue.v1.PingRequest\x1a\x1b.batchqueue.v1.PingResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'queue_client.wire.batchqueue_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RELEASEOUTCOME']._serialized_start=1971
-  _globals['_RELEASEOUTCOME']._serialized_end=2061
+  _globals['_RELEASEOUTCOME']._serialized_start=2065
+  _globals['_RELEASEOUTCOME']._serialized_end=2155
   _globals['_LISTDATASETSREQUEST']._serialized_start=53
   _globals['_LISTDATASETSREQUEST']._serialized_end=74
   _globals['_LISTDATASETSRESPONSE']._serialized_start=76
@@ -52,25 +52,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RANKSTATS']._serialized_start=623
   _globals['_RANKSTATS']._serialized_end=716
   _globals['_SPLITSTATS']._serialized_start=719
-  _globals['_SPLITSTATS']._serialized_end=1136
-  _globals['_GETSTATSRESPONSE']._serialized_start=1138
-  _globals['_GETSTATSRESPONSE']._serialized_end=1251
-  _globals['_ACQUIRELEASEREQUEST']._serialized_start=1254
-  _globals['_ACQUIRELEASEREQUEST']._serialized_end=1420
-  _globals['_LEASE']._serialized_start=1423
-  _globals['_LEASE']._serialized_end=1633
-  _globals['_RELEASELEASEREQUEST']._serialized_start=1635
-  _globals['_RELEASELEASEREQUEST']._serialized_end=1757
-  _globals['_RELEASELEASERESPONSE']._serialized_start=1759
-  _globals['_RELEASELEASERESPONSE']._serialized_end=1781
-  _globals['_RENEWLEASESREQUEST']._serialized_start=1783
-  _globals['_RENEWLEASESREQUEST']._serialized_end=1841
-  _globals['_RENEWLEASESRESPONSE']._serialized_start=1843
-  _globals['_RENEWLEASESRESPONSE']._serialized_end=1904
-  _globals['_PINGREQUEST']._serialized_start=1906
-  _globals['_PINGREQUEST']._serialized_end=1936
-  _globals['_PINGRESPONSE']._serialized_start=1938
-  _globals['_PINGRESPONSE']._serialized_end=1969
-  _globals['_BATCHQUEUE']._serialized_start=2064
-  _globals['_BATCHQUEUE']._serialized_end=2710
+  _globals['_SPLITSTATS']._serialized_end=1230
+  _globals['_GETSTATSRESPONSE']._serialized_start=1232
+  _globals['_GETSTATSRESPONSE']._serialized_end=1345
+  _globals['_ACQUIRELEASEREQUEST']._serialized_start=1348
+  _globals['_ACQUIRELEASEREQUEST']._serialized_end=1514
+  _globals['_LEASE']._serialized_start=1517
+  _globals['_LEASE']._serialized_end=1727
+  _globals['_RELEASELEASEREQUEST']._serialized_start=1729
+  _globals['_RELEASELEASEREQUEST']._serialized_end=1851
+  _globals['_RELEASELEASERESPONSE']._serialized_start=1853
+  _globals['_RELEASELEASERESPONSE']._serialized_end=1875
+  _globals['_RENEWLEASESREQUEST']._serialized_start=1877
+  _globals['_RENEWLEASESREQUEST']._serialized_end=1935
+  _globals['_RENEWLEASESRESPONSE']._serialized_start=1937
+  _globals['_RENEWLEASESRESPONSE']._serialized_end=1998
+  _globals['_PINGREQUEST']._serialized_start=2000
+  _globals['_PINGREQUEST']._serialized_end=2030
+  _globals['_PINGRESPONSE']._serialized_start=2032
+  _globals['_PINGRESPONSE']._serialized_end=2063
+  _globals['_BATCHQUEUE']._serialized_start=2158
+  _globals['_BATCHQUEUE']._serialized_end=2804
 # @@protoc_insertion_point(module_scope)

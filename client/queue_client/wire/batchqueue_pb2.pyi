@@ -107,7 +107,7 @@ class RankStats(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., last_consumed_seq: _Optional[int] = ..., files_leased: _Optional[int] = ..., lag_files: _Optional[int] = ...) -> None: ...
 
 class SplitStats(_message.Message):
-    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error")
+    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing")
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     PRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,10 @@ class SplitStats(_message.Message):
     WORKER_PIDS_FIELD_NUMBER: _ClassVar[int]
     DISK_ERRORS_FIELD_NUMBER: _ClassVar[int]
     LAST_DISK_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SEQS_PRODUCED_FIELD_NUMBER: _ClassVar[int]
+    SEQS_CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    SEQS_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    SEQS_MISSING_FIELD_NUMBER: _ClassVar[int]
     split: str
     produced_files: int
     consumed_files: int
@@ -142,7 +146,11 @@ class SplitStats(_message.Message):
     worker_pids: _containers.RepeatedScalarFieldContainer[int]
     disk_errors: int
     last_disk_error: str
-    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ...) -> None: ...
+    seqs_produced: int
+    seqs_consumed: int
+    seqs_quarantined: int
+    seqs_missing: int
+    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("dataset", "state", "last_error", "splits")
