@@ -21,10 +21,10 @@ RUN pip install ".[text]"
 RUN useradd --create-home --uid 10001 batchqueue && mkdir -p /data && chown batchqueue /data
 USER batchqueue
 VOLUME ["/data"]
-EXPOSE 50051
+EXPOSE 50051 50052
 
 # Inside the container the server must listen on all interfaces for the published port to
 # reach it; docker-compose.yml publishes it on the host's loopback only.
-CMD ["queue-server", "--listen", "0.0.0.0:50051", "--data-root", "/data"]
+CMD ["queue-server", "--listen", "0.0.0.0:50051", "--metrics-listen", "0.0.0.0:50052", "--data-root", "/data"]
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-m", "queue_server.healthcheck", "--address", "127.0.0.1:50051"]

@@ -82,6 +82,7 @@ class ServerProcess:
     data_root: Path
     config_path: Path | None
     log_path: Path
+    metrics_address: str = ""
     _channel: grpc.Channel | None = field(default=None, repr=False)
 
     @property
@@ -148,7 +149,7 @@ class ServerFactory:
         work.mkdir(parents=True, exist_ok=True)
         data_root = data_root or self.tmp_path / "data"
         config_path = None
-        cmd = [sys.executable, "-m", "queue_server", "--listen", listen, "--data-root", str(data_root), "--ready-file", str(work / "ready.json"), *args]
+        cmd = [sys.executable, "-m", "queue_server", "--listen", listen, "--metrics-listen", "127.0.0.1:0", "--data-root", str(data_root), "--ready-file", str(work / "ready.json"), *args]
         if config_text is not None:
             config_path = work / "config.toml"
             config_path.write_text(config_text, encoding="utf-8")
@@ -164,7 +165,8 @@ class ServerFactory:
             return ready.exists()
 
         wait_until(bound, timeout_s, "the server to bind")
-        server = ServerProcess(proc, json.loads(ready.read_text())["address"], data_root, config_path, log_path)
+        info = json.loads(ready.read_text())
+        server = ServerProcess(proc, info["address"], data_root, config_path, log_path, metrics_address=info.get("metrics_address", ""))
         self.servers.append(server)
         if wait_serving:
             wait_until(lambda: server.health() == health_pb2.HealthCheckResponse.SERVING, timeout_s, f"SERVING\n{server.log()}")

@@ -31,6 +31,7 @@ def test_provider_service_contract() -> None:
     provider = _compose()["services"]["provider"]
     assert provider["build"] == "."
     assert "127.0.0.1:50051:50051" in provider["ports"]  # published on the host's loopback only
+    assert "127.0.0.1:50052:50052" in provider["ports"]  # HTTP /metrics and /healthz
     volume, _, target = provider["volumes"][0].partition(":")
     assert volume in _compose()["volumes"] and target == "/data"  # a named volume holds the data root
     assert "queue_server.healthcheck" in provider["healthcheck"]["test"]
@@ -40,7 +41,7 @@ def test_provider_service_contract() -> None:
 def test_dockerfile_pins_torch_and_runs_the_server() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert 'TORCH_SPEC="torch==2.13.0"' in text
-    assert "EXPOSE 50051" in text and "queue-server" in text and "HEALTHCHECK" in text
+    assert "EXPOSE 50051 50052" in text and "queue-server" in text and "HEALTHCHECK" in text
     assert "USER batchqueue" in text  # the server does not run as root
 
 

@@ -239,13 +239,13 @@ class QueueClient:
             self._renewer = threading.Thread(target=self._renew_loop, name="queue-client-renew", daemon=True)
             self._renewer.start()
 
-    def release(self, ref: LeaseRef, outcome: int, reason: str = "") -> None:
+    def release(self, ref: LeaseRef, outcome: int, reason: str = "", waited_s: float = 0.0) -> None:
         with self._held_lock:
             self._held.pop(id(ref), None)
             if ref.released:
                 return
             ref.released = True
-        request = pb.ReleaseLeaseRequest(lease_id=ref.lease_id, client_id=self.client_id, outcome=outcome, reason=reason)
+        request = pb.ReleaseLeaseRequest(lease_id=ref.lease_id, client_id=self.client_id, outcome=outcome, reason=reason, waited_s=waited_s)
         try:
             self._rpc.call("ReleaseLease", request)
         except errors.UnknownLease:
@@ -254,10 +254,10 @@ class QueueClient:
             request.lease_id = lease.lease_id
             self._rpc.call("ReleaseLease", request)
 
-    def release_later(self, ref: LeaseRef, outcome: int) -> None:
+    def release_later(self, ref: LeaseRef, outcome: int, waited_s: float = 0.0) -> None:
         def run() -> None:
             try:
-                self.release(ref, outcome)
+                self.release(ref, outcome, waited_s=waited_s)
             except errors.BatchQueueError as exc:
                 log.warning("releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
 

@@ -47,6 +47,7 @@ class LoadedFile:
     num_batches: int
     tensors: list[torch.Tensor]  # schema order, each [num_batches, batch_size, *shape]
     start: int = 0  # the first batch to serve: later than 0 when resuming mid-file
+    waited_s: float = 0.0  # how long get_batch blocked for this file
 
 
 class LeaseSource:
@@ -61,7 +62,7 @@ class LeaseSource:
     def acquire(self, split: str, seq: int | None, deadline: float, carried: bool = False) -> pb.Lease: ...  # pragma: no cover
     def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
     def release(self, ref: LeaseRef, outcome: int, reason: str = "") -> None: ...  # pragma: no cover
-    def release_later(self, ref: LeaseRef, outcome: int) -> None: ...  # pragma: no cover
+    def release_later(self, ref: LeaseRef, outcome: int, waited_s: float = 0.0) -> None: ...  # pragma: no cover
 
 
 class SplitStream:
@@ -124,11 +125,17 @@ class SplitStream:
     def _advance(self) -> None:
         old = self.current
         if old is not None:
-            self.source.release_later(old.lease, CONSUMED)
+            self.source.release_later(old.lease, CONSUMED, old.waited_s)
             self.current = None
         pending = self._pending if self._pending is not None else self._submit()
         self._pending = None
-        loaded = pending.result()
+        if pending.done():
+            loaded, waited = pending.result(), 0.0
+        else:
+            began = self._clock()
+            loaded = pending.result()
+            waited = self._clock() - began
+        loaded.waited_s = waited
         self.current = loaded
         self._tensors = loaded.tensors
         self._num_batches = loaded.num_batches

@@ -23,6 +23,7 @@ from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server.auth import TokenInterceptor
 from queue_server.config import ServerConfig, parse_listen
 from queue_server.dataset import SERVING, DatasetRuntime
+from queue_server.metrics import MetricsServer
 from queue_server.servicer import BatchQueueServicer
 
 log = logging.getLogger("queue_server")
@@ -47,6 +48,8 @@ class QueueServer:
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.address = ""
+        self.metrics = MetricsServer(self.datasets, self.config.metrics_listen) if self.config.metrics_listen else None
+        self.metrics_address = ""
 
     def _on_dataset_state(self, runtime: DatasetRuntime) -> None:
         asyncio.get_running_loop().create_task(self._publish_health())
@@ -79,7 +82,7 @@ class QueueServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        servicer = BatchQueueServicer(self.datasets, str(cfg.data_root), cfg.lease_ttl_s, cfg.acquire_wait_s)
+        servicer = BatchQueueServicer(self.datasets, str(cfg.data_root), cfg.lease_ttl_s, cfg.acquire_wait_s, self.metrics)
         pb_grpc.add_BatchQueueServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -100,6 +103,8 @@ class QueueServer:
                 raise OSError(f"cannot listen on {cfg.listen}: the address is in use or not available")
             self.address = f"{listen.host}:{port}"
         await self._publish_health()
+        if self.metrics is not None:
+            self.metrics_address = await self.metrics.start()
         await server.start()
         self._server = server
         for runtime in self.datasets.values():
@@ -118,6 +123,8 @@ class QueueServer:
         await self.health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace_s)
+        if self.metrics is not None:
+            await self.metrics.stop()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

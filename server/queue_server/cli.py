@@ -22,7 +22,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, help="TOML config (default: the embedded stdlib_char dataset)")
     p.add_argument("--data-root", type=Path, help="where dataset dirs live (overrides server.data_root)")
     p.add_argument("--listen", help="HOST:PORT or unix:PATH (overrides server.listen; default 127.0.0.1:50051)")
-    p.add_argument("--ready-file", type=Path, help="write {address, pid} here as JSON once bound (for scripts)")
+    p.add_argument("--metrics-listen", help='HTTP /metrics and /healthz: HOST:PORT, unix:PATH, or "" for off (default 127.0.0.1:50052)')
+    p.add_argument("--ready-file", type=Path, help="write {address, metrics_address, pid} here as JSON once bound")
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per produced file")
     return p.parse_args(argv)
 
@@ -35,6 +36,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
     if args.listen is not None:
         parse_listen(args.listen)
         overrides["listen"] = args.listen
+    if args.metrics_listen is not None:
+        overrides["metrics_listen"] = args.metrics_listen
     return replace(config, **overrides)
 
 
@@ -43,7 +46,7 @@ async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
     address = await server.start()
     if ready_file is not None:
         tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+        tmp.write_text(json.dumps({"address": address, "metrics_address": server.metrics_address, "pid": os.getpid()}))
         os.replace(tmp, ready_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

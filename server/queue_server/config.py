@@ -109,6 +109,8 @@ class ServerConfig:
     acquire_wait_s: float = 10.0
     # Mode of the unix socket file, when listening on one.
     unix_socket_mode: int = 0o600
+    # HTTP /metrics (Prometheus) and /healthz; "" turns it off.
+    metrics_listen: str = "127.0.0.1:50052"
     # Required in an "authorization: Bearer <token>" header when set.
     auth_token: str | None = None
     # Where relative provider paths are resolved (the config file's directory).
@@ -118,6 +120,12 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)
+        _check(isinstance(self.metrics_listen, str), "server.metrics_listen", self.metrics_listen, 'HOST:PORT, unix:PATH or "" for off')
+        if self.metrics_listen:
+            try:
+                parse_listen(self.metrics_listen)
+            except ConfigError:
+                raise ConfigError(f'server.metrics_listen = {self.metrics_listen!r} is invalid: expected HOST:PORT, unix:PATH or "" for off') from None
         _check(_is_number(self.lease_ttl_s) and self.lease_ttl_s > 0, "server.lease_ttl_s", self.lease_ttl_s, "a number > 0")
         _check(_is_number(self.acquire_wait_s) and self.acquire_wait_s > 0, "server.acquire_wait_s", self.acquire_wait_s, "a number > 0")
         _check(_is_int(self.unix_socket_mode) and 0 <= self.unix_socket_mode <= 0o777, "server.unix_socket_mode", self.unix_socket_mode, "a file mode such as 0o600")

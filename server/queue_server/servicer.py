@@ -20,6 +20,7 @@ from queue_client.codes import status_for
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server.dataset import DatasetRuntime
+from queue_server.metrics import MetricsServer
 from queue_server.split_queue import SplitQueue
 
 log = logging.getLogger("queue_server.servicer")
@@ -43,7 +44,8 @@ def _translate(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T
 
 
 class BatchQueueServicer(pb_grpc.BatchQueueServicer):
-    def __init__(self, datasets: dict[str, DatasetRuntime], data_root: str, lease_ttl_s: float, acquire_wait_s: float) -> None:
+    def __init__(self, datasets: dict[str, DatasetRuntime], data_root: str, lease_ttl_s: float, acquire_wait_s: float, metrics: MetricsServer | None = None) -> None:
+        self._metrics = metrics
         self._datasets = datasets
         self._data_root = data_root
         self._ttl_ms = int(lease_ttl_s * 1000)
@@ -172,6 +174,8 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: Any) -> pb.ReleaseLeaseResponse:
         queue = self._find_lease(request.lease_id)
         queue.release(request.lease_id, request.client_id, int(request.outcome), request.reason[:2000])
+        if self._metrics is not None and request.outcome == pb.CONSUMED and request.waited_s >= 0:
+            self._metrics.observe_wait(queue.config.name, queue.split, request.waited_s)
         return pb.ReleaseLeaseResponse()
 
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:

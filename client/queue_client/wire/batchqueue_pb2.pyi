@@ -213,16 +213,18 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., dataset: _Optional[str] = ..., split: _Optional[str] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., num_batches: _Optional[int] = ..., batch_size: _Optional[int] = ..., size_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
-    __slots__ = ("lease_id", "client_id", "outcome", "reason")
+    __slots__ = ("lease_id", "client_id", "outcome", "reason", "waited_s")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    WAITED_S_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     client_id: str
     outcome: ReleaseOutcome
     reason: str
-    def __init__(self, lease_id: _Optional[str] = ..., client_id: _Optional[str] = ..., outcome: _Optional[_Union[ReleaseOutcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    waited_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., client_id: _Optional[str] = ..., outcome: _Optional[_Union[ReleaseOutcome, str]] = ..., reason: _Optional[str] = ..., waited_s: _Optional[float] = ...) -> None: ...
 
 class ReleaseLeaseResponse(_message.Message):
     __slots__ = ()

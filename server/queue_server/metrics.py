@@ -1,0 +1,131 @@
+"""Prometheus metrics and a health probe over plain HTTP, on the server's own event loop.
+
+`/metrics` is the Prometheus text format, rendered by prometheus_client from a collector that
+reads the split queues when scraped (no background bookkeeping); `/healthz` is 200 while every
+dataset is SERVING and 503 otherwise. The HTTP side is a minimal asyncio responder: it reads
+one request line, answers and closes, so a scrape never blocks gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from queue_server.config import parse_listen
+
+if TYPE_CHECKING:
+    from queue_server.dataset import DatasetRuntime
+
+log = logging.getLogger("queue_server.metrics")
+
+# Waits at a file boundary, as clients report them: 0 when the prefetch was in time.
+WAIT_BUCKETS_S = (0.0, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+
+
+class QueueCollector:
+    """Reads every split queue at scrape time."""
+
+    def __init__(self, datasets: Mapping[str, DatasetRuntime]) -> None:
+        self._datasets = datasets
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["dataset", "split"]
+        up = GaugeMetricFamily("batchqueue_dataset_up", "1 while the dataset is SERVING", labels=["dataset"])
+        gauges = {
+            "ready": GaugeMetricFamily("batchqueue_backlog_files", "Files on disk and not leased", labels=labels),
+            "leased": GaugeMetricFamily("batchqueue_leased_files", "Files leased to clients now", labels=labels),
+            "cap": GaugeMetricFamily("batchqueue_max_backlog_files", "Configured ready files per rank", labels=labels),
+            "world": GaugeMetricFamily("batchqueue_world_size", "World size of the ranks reading", labels=labels),
+        }
+        counters = {
+            "produced_files": CounterMetricFamily("batchqueue_files_produced", "Files produced (first time)", labels=labels),
+            "reproduced_files": CounterMetricFamily("batchqueue_files_reproduced", "Files produced again", labels=labels),
+            "consumed_files": CounterMetricFamily("batchqueue_files_consumed", "Files consumed and deleted", labels=labels),
+            "produced_bytes": CounterMetricFamily("batchqueue_produced_bytes", "Bytes of batch files written", labels=labels),
+            "leases_expired": CounterMetricFamily("batchqueue_leases_expired", "Leases whose client stopped renewing", labels=labels),
+            "quarantined_files": CounterMetricFamily("batchqueue_quarantined_files", "Files moved to quarantine", labels=labels),
+            "worker_restarts": CounterMetricFamily("batchqueue_provider_errors", "Provider worker crashes and errors", labels=labels),
+            "disk_errors": CounterMetricFamily("batchqueue_disk_errors", "Writes that failed for lack of space or permission", labels=labels),
+        }
+        for name, runtime in self._datasets.items():
+            up.add_metric([name], 1.0 if runtime.state == "serving" else 0.0)
+            for split, queue in runtime.splits.items():
+                snap = queue.snapshot()
+                key = [name, split]
+                gauges["ready"].add_metric(key, snap.ready_files)
+                gauges["leased"].add_metric(key, snap.leased_files)
+                gauges["cap"].add_metric(key, snap.max_backlog_files)
+                gauges["world"].add_metric(key, snap.world_size)
+                for attr, family in counters.items():
+                    family.add_metric(key, getattr(snap.counters, attr))
+        yield up
+        yield from gauges.values()
+        yield from counters.values()
+
+
+class MetricsServer:
+    def __init__(self, datasets: Mapping[str, DatasetRuntime], listen: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(QueueCollector(datasets))  # type: ignore[arg-type]
+        self.wait_seconds = Histogram(
+            "batchqueue_get_batch_wait_seconds",
+            "How long get_batch blocked at a file boundary, as reported by clients",
+            ["dataset", "split"],
+            buckets=WAIT_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._datasets = datasets
+        self._listen = listen
+        self._server: asyncio.AbstractServer | None = None
+        self.address = ""
+
+    async def start(self) -> str:
+        listen = parse_listen(self._listen)
+        if listen.unix_path:
+            self._server = await asyncio.start_unix_server(self._handle, path=listen.unix_path)
+            self.address = f"unix:{listen.unix_path}"
+        else:
+            self._server = await asyncio.start_server(self._handle, host=listen.host, port=listen.port)
+            port = self._server.sockets[0].getsockname()[1]
+            self.address = f"{listen.host}:{port}"
+        return self.address
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    def observe_wait(self, dataset: str, split: str, waited_s: float) -> None:
+        self.wait_seconds.labels(dataset, split).observe(max(0.0, waited_s))
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5.0)
+            parts = line.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+            if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET /metrics or /healthz\n"
+            elif path == "/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            elif path == "/healthz":
+                bad = sorted(n for n, rt in self._datasets.items() if rt.state != "serving")
+                status = "200 OK" if not bad else "503 Service Unavailable"
+                ctype, body = "text/plain", (b"SERVING\n" if not bad else f"NOT_SERVING: {', '.join(bad)}\n".encode())
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"GET /metrics or /healthz\n"
+            head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            writer.write(head.encode() + (body if parts[:1] != ["HEAD"] else b""))
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError, IndexError) as exc:
+            log.debug("metrics request dropped: %s", exc)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
