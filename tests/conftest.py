@@ -97,10 +97,10 @@ class ServerProcess:
 
     def health(self, service: str = "") -> int:
         stub = health_pb2_grpc.HealthStub(self.channel)
-        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=30).status
 
     def stats(self, dataset: str) -> dict[str, Any]:
-        reply = self.stub.GetStats(pb.GetStatsRequest(dataset=dataset), timeout=5)
+        reply = self.stub.GetStats(pb.GetStatsRequest(dataset=dataset), timeout=30)
         return MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
     def split_stats(self, dataset: str, split: str = "train") -> dict[str, Any]:

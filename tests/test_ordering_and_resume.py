@@ -19,7 +19,7 @@ import grpc
 import pytest
 from conftest import SUPPORT, subprocess_env, wait_until
 
-from queue_client import QueueClient
+from queue_client import NoBatchReady, QueueClient
 from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 
@@ -215,3 +215,21 @@ def test_best_effort_bounds_the_lead_over_the_slowest_rank(start_server) -> None
     seqs.append(take(1).seq)
     seqs.append(take(0).seq)  # rank 1 moved, so rank 0 may go on
     assert len(set(seqs)) == 4
+
+
+def test_get_batch_after_a_timeout_skips_nothing(start_server) -> None:
+    server = start_server(tiny_config("d", extra="max_backlog_files = 1"))
+    # Rank 1 of 2 alone: once its window is used up, production waits for rank 0.
+    with QueueClient(server.address, "d", rank=1, world_size=2, timeout_s=1.0) as rank1:
+        got = []
+        with pytest.raises(NoBatchReady):
+            while True:
+                rank1.get_batch("train")
+                got.append(rank1.state_dict()["splits"]["train"]["seq"])
+        stuck = rank1.state_dict()["splits"]["train"]
+        with QueueClient(server.address, "d", rank=0, world_size=2) as rank0:
+            for _ in range(6 * NB):
+                rank0.get_batch("train")
+            rank1.get_batch("train")  # production moved on: the retry succeeds
+        after = rank1.state_dict()["splits"]["train"]
+    assert stuck["offset"] == 0 and after == {**stuck, "offset": 1}  # the same file, its first batch

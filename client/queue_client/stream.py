@@ -129,12 +129,17 @@ class SplitStream:
             self.current = None
         pending = self._pending if self._pending is not None else self._submit()
         self._pending = None
-        if pending.done():
-            loaded, waited = pending.result(), 0.0
-        else:
-            began = self._clock()
+        began = self._clock()
+        try:
             loaded = pending.result()
-            waited = self._clock() - began
+        except BaseException:
+            # Nothing of that file was read: keep it first in line, so a retried get_batch
+            # asks for the same file again instead of skipping it.
+            if self._pending_item is not None:
+                self._plan.appendleft(self._pending_item)
+                self._pending_item = None
+            raise
+        waited = self._clock() - began
         loaded.waited_s = waited
         self.current = loaded
         self._tensors = loaded.tensors
