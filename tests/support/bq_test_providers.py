@@ -110,3 +110,29 @@ class SlowProvider(TinyProvider):
 
         time.sleep(self.delay_s)  # stands for real work; not synchronisation
         return super().sample_batch(split, rng)
+
+
+class StreamProvider(TinyProvider):
+    """A streaming provider: batch values continue a counter that is its only state, so a
+    file's content depends on every file this worker made before it, exactly like a text
+    stream's cursor. Workers take disjoint counter ranges (offset by worker index)."""
+
+    def __init__(self, context: ProviderContext, *, width: int = 4) -> None:
+        super().__init__(context, width=width)
+        self.cursor: dict[str, int] = {}
+
+    def _start(self) -> int:
+        return self.context.worker_index * 1_000_000
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        n = self.batch_size * self.width
+        start = self.cursor.get(split, self._start())
+        self.cursor[split] = start + n
+        x = torch.arange(start, start + n, dtype=torch.int64).view(self.batch_size, self.width)
+        return {"x": x, "y": x + 1}
+
+    def state_dict(self, split: str) -> dict[str, Any]:
+        return {"cursor": self.cursor.get(split, self._start())}
+
+    def load_state_dict(self, split: str, state: Any) -> None:
+        self.cursor[split] = int(state["cursor"])
