@@ -28,7 +28,9 @@ class Block(nn.Module):
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
         self.ln2 = nn.LayerNorm(n_embd)
-        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd))
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
@@ -40,7 +42,9 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab_size: int, block_size: int, n_layer: int = 2, n_head: int = 4, n_embd: int = 64) -> None:
+    def __init__(
+        self, vocab_size: int, block_size: int, n_layer: int = 2, n_head: int = 4, n_embd: int = 64
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab_size, n_embd)
         self.pos = nn.Embedding(block_size, n_embd)
@@ -56,14 +60,21 @@ class TinyGPT(nn.Module):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--address", default="127.0.0.1:50051")
     p.add_argument("--dataset", default="stdlib_char")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--expect-loss-drop", type=float, default=0.0, help="exit 1 unless the loss fell by this much")
+    p.add_argument(
+        "--expect-loss-drop",
+        type=float,
+        default=0.0,
+        help="exit 1 unless the loss fell by this much",
+    )
     args = p.parse_args()
     torch.manual_seed(0)
     with QueueClient(args.address, args.dataset, device=args.device) as client:
@@ -88,7 +99,10 @@ def main() -> int:
                 with torch.no_grad():
                     vx, vy = client.get_batch("val")
                     val = model(vx, vy).item()
-                print(f"step {step}: train loss {smoothed:.3f}, val loss {val:.3f}, {(time.perf_counter() - start) / step * 1000:.1f} ms/step", flush=True)
+                print(
+                    f"step {step}: train loss {smoothed:.3f}, val loss {val:.3f}, {(time.perf_counter() - start) / step * 1000:.1f} ms/step",
+                    flush=True,
+                )
             last = smoothed
     drop = first - last
     print(f"loss {first:.3f} -> {last:.3f}")

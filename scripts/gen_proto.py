@@ -39,7 +39,9 @@ def generate(out_root: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="fail if the committed stubs are stale")
+    parser.add_argument(
+        "--check", action="store_true", help="fail if the committed stubs are stale"
+    )
     opts = parser.parse_args()
     if not opts.check:
         generate(OUT_ROOT)

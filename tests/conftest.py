@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = Path(__file__).resolve().parent / "support"
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition"
+) -> Any:
     """Poll `predicate` until it returns something truthy, or fail after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -58,7 +60,16 @@ def tiny_corpus(path: Path, chars: int = 40_000) -> Path:
     return path
 
 
-def char_config(corpus: Path, *, name: str = "chars", batch_size: int = 4, block_size: int = 16, batches_per_file: int = 5, extra: str = "", server: str = "lease_ttl_s = 30") -> str:
+def char_config(
+    corpus: Path,
+    *,
+    name: str = "chars",
+    batch_size: int = 4,
+    block_size: int = 16,
+    batches_per_file: int = 5,
+    extra: str = "",
+    server: str = "lease_ttl_s = 30",
+) -> str:
     return textwrap.dedent(
         f"""
         [server]
@@ -101,12 +112,17 @@ class ServerProcess:
 
     def stats(self, dataset: str) -> dict[str, Any]:
         reply = self.stub.GetStats(pb.GetStatsRequest(dataset=dataset), timeout=30)
-        return MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return MessageToDict(
+            reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
 
     def split_stats(self, dataset: str, split: str = "train") -> dict[str, Any]:
         for s in self.stats(dataset)["splits"]:
             if s["split"] == split:
-                return {k: (int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v) for k, v in s.items()}
+                return {
+                    k: (int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v)
+                    for k, v in s.items()
+                }
         raise KeyError(split)
 
     def log(self) -> str:
@@ -149,27 +165,59 @@ class ServerFactory:
         work.mkdir(parents=True, exist_ok=True)
         data_root = data_root or self.tmp_path / "data"
         config_path = None
-        cmd = [sys.executable, "-m", "queue_server", "--listen", listen, "--metrics-listen", "127.0.0.1:0", "--data-root", str(data_root), "--ready-file", str(work / "ready.json"), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "queue_server",
+            "--listen",
+            listen,
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-root",
+            str(data_root),
+            "--ready-file",
+            str(work / "ready.json"),
+            *args,
+        ]
         if config_text is not None:
             config_path = work / "config.toml"
             config_path.write_text(config_text, encoding="utf-8")
             cmd += ["--config", str(config_path)]
         log_path = work / "server.log"
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(**(env or {})), cwd=work)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=subprocess_env(**(env or {})),
+                cwd=work,
+            )
         ready = work / "ready.json"
 
         def bound() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"queue-server exited with {proc.returncode}:\n{log_path.read_text()}")
+                raise AssertionError(
+                    f"queue-server exited with {proc.returncode}:\n{log_path.read_text()}"
+                )
             return ready.exists()
 
         wait_until(bound, timeout_s, "the server to bind")
         info = json.loads(ready.read_text())
-        server = ServerProcess(proc, info["address"], data_root, config_path, log_path, metrics_address=info.get("metrics_address", ""))
+        server = ServerProcess(
+            proc,
+            info["address"],
+            data_root,
+            config_path,
+            log_path,
+            metrics_address=info.get("metrics_address", ""),
+        )
         self.servers.append(server)
         if wait_serving:
-            wait_until(lambda: server.health() == health_pb2.HealthCheckResponse.SERVING, timeout_s, f"SERVING\n{server.log()}")
+            wait_until(
+                lambda: server.health() == health_pb2.HealthCheckResponse.SERVING,
+                timeout_s,
+                f"SERVING\n{server.log()}",
+            )
         return server
 
     def close(self) -> None:
@@ -193,9 +241,19 @@ def corpus(tmp_path: Path) -> Path:
     return tiny_corpus(tmp_path / "corpus.txt")
 
 
-def run_client_script(code: str, *, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_client_script(
+    code: str, *, timeout_s: float = 120.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run a client in its own process (a real trainer would be one); fails the test on error."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout_s, env=subprocess_env(**(env or {})))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=subprocess_env(**(env or {})),
+    )
     if proc.returncode != 0:
-        raise AssertionError(f"client process failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"client process failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import char_config
 
+from conftest import char_config
 from queue_client import QueueClient
 
 pytestmark = [
@@ -24,7 +24,7 @@ def test_cuda_batches_equal_cpu_batches(start_server, corpus: Path) -> None:
     with QueueClient(server.address, "chars", device="cuda") as gpu:
         got = [gpu.get_batch("train") for _ in range(10)]
         torch.cuda.synchronize()
-    for (ex, ey), (gx, gy) in zip(expected, got):
+    for (ex, ey), (gx, gy) in zip(expected, got, strict=True):
         assert gx.is_cuda and gy.is_cuda
         assert torch.equal(gx.cpu(), ex) and torch.equal(gy.cpu(), ey)
 
@@ -36,6 +36,8 @@ def test_staging_buffers_are_pinned_and_reused() -> None:
     src = [torch.arange(12, dtype=torch.int64).view(3, 4) + i for i in range(4)]
     outs = [transfer([s])[0] for s in src]
     torch.cuda.synchronize()
-    assert all(torch.equal(o.cpu(), s) for o, s in zip(outs, src))  # no slot overwritten early
+    assert all(
+        torch.equal(o.cpu(), s) for o, s in zip(outs, src, strict=True)
+    )  # no slot overwritten early
     assert all(buf.is_pinned() for slot in transfer._staging for buf in slot)
     assert len(transfer._staging) == 2

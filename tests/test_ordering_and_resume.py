@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import SUPPORT, subprocess_env, wait_until
 
+from conftest import SUPPORT, subprocess_env, wait_until
 from queue_client import NoBatchReady, QueueClient
 from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
@@ -48,14 +48,34 @@ def tiny_config(*names: str, workers: int = 1, mode: str = "deterministic", extr
 class Rank:
     """A rank_client.py process."""
 
-    def __init__(self, tmp: Path, tag: str, address: str, rank: int, world: int, jobs: list[dict[str, Any]], hold: bool = False) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        tag: str,
+        address: str,
+        rank: int,
+        world: int,
+        jobs: list[dict[str, Any]],
+        hold: bool = False,
+    ) -> None:
         self.outs = {}
         for job in jobs:
             job.setdefault("out", str(tmp / f"{tag}-{job['dataset']}-r{rank}.jsonl"))
             self.outs[job["dataset"]] = Path(job["out"])
         spec = tmp / f"{tag}-r{rank}.json"
-        spec.write_text(json.dumps({"address": address, "rank": rank, "world_size": world, "hold": hold, "jobs": jobs}))
-        self.proc = subprocess.Popen([sys.executable, str(SUPPORT / "rank_client.py"), str(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        spec.write_text(
+            json.dumps(
+                {"address": address, "rank": rank, "world_size": world, "hold": hold, "jobs": jobs}
+            )
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SUPPORT / "rank_client.py"), str(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=subprocess_env(),
+        )
         self.hold = hold
 
     def wait_ready(self) -> None:
@@ -63,7 +83,7 @@ class Rank:
         assert line.strip() == "READY", f"rank client failed: {line}{self.proc.stderr.read()}"
 
     def finish(self) -> None:
-        out, err = self.proc.communicate(timeout=120)
+        _, err = self.proc.communicate(timeout=120)
         assert self.proc.returncode == 0, err
 
     def kill(self) -> None:
@@ -87,15 +107,26 @@ def test_two_runs_give_bit_identical_streams(start_server, tmp_path: Path) -> No
         server = start_server(tiny_config("d", workers=2), data_root=tmp_path / f"root-{run}")
         ranks = _run(tmp_path, run, server.address, 2, lambda r: [{"dataset": "d", "batches": 12}])
         hashes.append([[b["hash"] for b in rank.batches("d")] for rank in ranks])
-        assert [(b["seq"], b["offset"]) for b in ranks[1].batches("d")][:6] == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (3, 0)]
+        assert [(b["seq"], b["offset"]) for b in ranks[1].batches("d")][:6] == [
+            (1, 0),
+            (1, 1),
+            (1, 2),
+            (1, 3),
+            (1, 4),
+            (3, 0),
+        ]
         server.stop()
     assert hashes[0] == hashes[1]
     assert hashes[0][0] != hashes[0][1]
 
 
-def test_four_ranks_cover_every_seq_exactly_once_with_three_workers(start_server, tmp_path: Path) -> None:
+def test_four_ranks_cover_every_seq_exactly_once_with_three_workers(
+    start_server, tmp_path: Path
+) -> None:
     server = start_server(tiny_config("d", workers=3))
-    ranks = _run(tmp_path, "cover", server.address, 4, lambda r: [{"dataset": "d", "batches": 3 * NB}])
+    ranks = _run(
+        tmp_path, "cover", server.address, 4, lambda r: [{"dataset": "d", "batches": 3 * NB}]
+    )
     seen = {r: {(b["seq"], b["offset"]) for b in rank.batches("d")} for r, rank in enumerate(ranks)}
     for r in range(4):
         assert {s for s, _ in seen[r]} == {r, r + 4, r + 8}  # seq = rank (mod 4)
@@ -116,7 +147,10 @@ def test_prefix_property_after_sigkill_of_server_and_clients(start_server, tmp_p
     ranks = []
     for r in range(2):
         jobs = [{"dataset": "ref", "batches": total}]
-        jobs += [{"dataset": d, "batches": k, "state_out": str(tmp_path / f"{d}-r{r}.state")} for d, k in splits.items()]
+        jobs += [
+            {"dataset": d, "batches": k, "state_out": str(tmp_path / f"{d}-r{r}.state")}
+            for d, k in splits.items()
+        ]
         ranks.append(Rank(tmp_path, "first", server.address, r, 2, jobs, hold=True))
     for rank in ranks:
         rank.wait_ready()
@@ -129,7 +163,10 @@ def test_prefix_property_after_sigkill_of_server_and_clients(start_server, tmp_p
         "second",
         server.address,
         2,
-        lambda r: [{"dataset": d, "batches": total - k, "state_in": str(tmp_path / f"{d}-r{r}.state")} for d, k in splits.items()],
+        lambda r: [
+            {"dataset": d, "batches": total - k, "state_in": str(tmp_path / f"{d}-r{r}.state")}
+            for d, k in splits.items()
+        ],
     )
     for r in range(2):
         reference = ranks[r].batches("ref")
@@ -138,14 +175,28 @@ def test_prefix_property_after_sigkill_of_server_and_clients(start_server, tmp_p
             assert stitched == reference, f"rank {r}, split point {d}"
 
 
-def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(start_server, tmp_path: Path) -> None:
+def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(
+    start_server, tmp_path: Path
+) -> None:
     server = start_server(tiny_config("d"))
     # Four ranks read 7 batches each: one whole file and two batches of the next.
-    old = _run(tmp_path, "old", server.address, 4, lambda r: [{"dataset": "d", "batches": 7, "state_out": str(tmp_path / f"old-r{r}.state")}])
+    old = _run(
+        tmp_path,
+        "old",
+        server.address,
+        4,
+        lambda r: [{"dataset": "d", "batches": 7, "state_out": str(tmp_path / f"old-r{r}.state")}],
+    )
     states = [json.loads((tmp_path / f"old-r{r}.state").read_text()) for r in range(4)]
     (tmp_path / "all.state").write_text(json.dumps(states))
     # Two ranks take over: carried files 4..11 split between them, then 12, 14, ... and 13, 15, ...
-    new = _run(tmp_path, "new", server.address, 2, lambda r: [{"dataset": "d", "batches": 26, "state_in": str(tmp_path / "all.state")}])
+    new = _run(
+        tmp_path,
+        "new",
+        server.address,
+        2,
+        lambda r: [{"dataset": "d", "batches": 26, "state_in": str(tmp_path / "all.state")}],
+    )
     consumed = [(b["seq"], b["offset"]) for rank in old + new for b in rank.batches("d")]
     counts = Counter(consumed)
     assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
@@ -154,7 +205,12 @@ def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(start_server, tmp
     # A single rank's state is enough when ranks stepped in lockstep: the same plan comes out.
     with QueueClient(server.address, "d", rank=1, world_size=2) as client:
         client.load_state_dict(states[2])
-        assert client.state_dict()["splits"]["train"] == {"seq": 5, "offset": 2, "next_seq": 13, "pending": [[7, 2], [9, 0], [11, 0]]}
+        assert client.state_dict()["splits"]["train"] == {
+            "seq": 5,
+            "offset": 2,
+            "next_seq": 13,
+            "pending": [[7, 2], [9, 0], [11, 0]],
+        }
 
 
 def test_restarted_server_carries_on_from_the_journal(start_server, tmp_path: Path) -> None:
@@ -199,12 +255,29 @@ def test_client_survives_a_server_restart(start_server, tmp_path: Path) -> None:
 
 
 def test_best_effort_bounds_the_lead_over_the_slowest_rank(start_server) -> None:
-    server = start_server(tiny_config("d", mode="best_effort", extra="max_lead = 2\nmax_backlog_files = 4"))
+    server = start_server(
+        tiny_config("d", mode="best_effort", extra="max_lead = 2\nmax_backlog_files = 4")
+    )
     stub = server.stub
 
     def take(rank: int) -> pb.Lease:
-        lease = stub.AcquireLease(pb.AcquireLeaseRequest(dataset="d", split="train", rank=rank, world_size=2, client_id=f"c{rank}", wait_ms=300), timeout=10)
-        stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=lease.lease_id, client_id=f"c{rank}", outcome=pb.CONSUMED), timeout=10)
+        lease = stub.AcquireLease(
+            pb.AcquireLeaseRequest(
+                dataset="d",
+                split="train",
+                rank=rank,
+                world_size=2,
+                client_id=f"c{rank}",
+                wait_ms=300,
+            ),
+            timeout=10,
+        )
+        stub.ReleaseLease(
+            pb.ReleaseLeaseRequest(
+                lease_id=lease.lease_id, client_id=f"c{rank}", outcome=pb.CONSUMED
+            ),
+            timeout=10,
+        )
         return lease
 
     wait_until(lambda: server.split_stats("d")["ready_files"] >= 4, what="a backlog")
@@ -232,10 +305,15 @@ def test_get_batch_after_a_timeout_skips_nothing(start_server) -> None:
                 rank0.get_batch("train")
             rank1.get_batch("train")  # production moved on: the retry succeeds
         after = rank1.state_dict()["splits"]["train"]
-    assert stuck["offset"] == 0 and after == {**stuck, "offset": 1}  # the same file, its first batch
+    assert stuck["offset"] == 0 and after == {
+        **stuck,
+        "offset": 1,
+    }  # the same file, its first batch
 
 
-def test_streaming_provider_reproduces_old_seqs_from_the_journal(start_server, tmp_path: Path) -> None:
+def test_streaming_provider_reproduces_old_seqs_from_the_journal(
+    start_server, tmp_path: Path
+) -> None:
     """A stateful provider: seq s is made again from the state journaled before it, and the
     forward stream (also across a server restart) carries on where it stopped."""
     config = """

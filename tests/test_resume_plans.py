@@ -32,7 +32,13 @@ def read(plan: StreamPlan, stride: int, batches: int) -> tuple[list[tuple[int, i
 
 
 def state_of(plan: StreamPlan, rank: int, world: int) -> dict:
-    return {"version": 1, "dataset": "d", "rank": rank, "world_size": world, "splits": {"train": plan.to_state(world)}}
+    return {
+        "version": 1,
+        "dataset": "d",
+        "rank": rank,
+        "world_size": world,
+        "splits": {"train": plan.to_state(world)},
+    }
 
 
 @pytest.mark.parametrize("old_w", [1, 2, 3, 4, 5])
@@ -59,7 +65,12 @@ def test_elastic_resume_is_exactly_once(old_w: int, new_w: int, steps: int) -> N
 
 
 @settings(max_examples=60, deadline=None)
-@given(old_w=st.integers(1, 6), new_w=st.integers(1, 6), steps=st.integers(0, 12), lead=st.integers(0, 3))
+@given(
+    old_w=st.integers(1, 6),
+    new_w=st.integers(1, 6),
+    steps=st.integers(0, 12),
+    lead=st.integers(0, 3),
+)
 def test_elastic_resume_from_uneven_ranks(old_w: int, new_w: int, steps: int, lead: int) -> None:
     """Ranks that read different amounts (not lockstep), given as a list, still come out exactly once."""
     consumed, states = [], []
@@ -69,7 +80,9 @@ def test_elastic_resume_from_uneven_ranks(old_w: int, new_w: int, steps: int, le
         states.append(state_of(left, r, old_w))
     bound = 4 * old_w * new_w
     for r in range(new_w):
-        got, _ = read(plan_resume(states, World(r, new_w), "d")["train"], new_w, (bound + 2 * NB + lead) * NB)
+        got, _ = read(
+            plan_resume(states, World(r, new_w), "d")["train"], new_w, (bound + 2 * NB + lead) * NB
+        )
         consumed += got
     counts = Counter(consumed)
     assert max(counts.values()) == 1
@@ -102,8 +115,26 @@ def test_elastic_boundary_is_a_multiple_of_both_world_sizes() -> None:
         ({}, "lacks keys"),
         ({"version": 2, "dataset": "d", "rank": 0, "world_size": 1, "splits": {}}, "version 2"),
         ({"version": 1, "dataset": "e", "rank": 0, "world_size": 1, "splits": {}}, "dataset 'e'"),
-        ({"version": 1, "dataset": "d", "rank": 0, "world_size": 1, "splits": {"train": {"seq": -1, "offset": 0, "next_seq": 1}}}, "seq is -1"),
-        ({"version": 1, "dataset": "d", "rank": 0, "world_size": 1, "splits": {"train": {"seq": 0, "offset": 0, "next_seq": 1, "pending": [[1]]}}}, "pending item"),
+        (
+            {
+                "version": 1,
+                "dataset": "d",
+                "rank": 0,
+                "world_size": 1,
+                "splits": {"train": {"seq": -1, "offset": 0, "next_seq": 1}},
+            },
+            "seq is -1",
+        ),
+        (
+            {
+                "version": 1,
+                "dataset": "d",
+                "rank": 0,
+                "world_size": 1,
+                "splits": {"train": {"seq": 0, "offset": 0, "next_seq": 1, "pending": [[1]]}},
+            },
+            "pending item",
+        ),
         ({"version": 1, "dataset": "d", "rank": 3, "world_size": 2, "splits": {}}, "rank 3"),
     ],
 )

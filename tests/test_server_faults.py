@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import char_config, subprocess_env, wait_until
 from grpc_health.v1 import health_pb2
 
+from conftest import char_config, subprocess_env, wait_until
 from queue_client import QueueClient, errors
 from queue_client.batchfile import load_batch_file, scan_queue
 
@@ -46,7 +46,9 @@ def test_crashing_worker_is_restarted_and_leaves_no_partial_file(start_server) -
     server = start_server(_test_provider_config("CrashingProvider", restarts=2), wait_serving=False)
     wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
     restarts = [server.split_stats("bad", split)["worker_restarts"] for split in ("train", "val")]
-    assert max(restarts) == 2  # the split that failed first restarted its worker twice, then gave up
+    assert (
+        max(restarts) == 2
+    )  # the split that failed first restarted its worker twice, then gave up
     assert "exited with code 17" in server.stats("bad")["last_error"]
     qdir = server.data_root / "bad" / "queue" / "train"
     assert list(qdir.iterdir()) == []  # nothing published, no temp file left behind
@@ -82,7 +84,10 @@ def test_corrupt_file_is_quarantined_and_its_seq_served_again(start_server, corp
     assert stats["quarantined_files"] == 1 and stats["reproduced_files"] >= 1
     quarantined = list((server.data_root / "chars" / "quarantine" / "train").iterdir())
     assert {p.name for p in quarantined} == {first.__str__(), f"{first}.reason.txt"}
-    assert "bytes" in (server.data_root / "chars" / "quarantine" / "train" / f"{first}.reason.txt").read_text()
+    assert (
+        "bytes"
+        in (server.data_root / "chars" / "quarantine" / "train" / f"{first}.reason.txt").read_text()
+    )
 
 
 def test_crc_mismatch_is_detected(start_server, corpus: Path) -> None:
@@ -110,7 +115,13 @@ def test_killed_client_leases_expire_back_to_its_stream(start_server, corpus: Pa
         print(x[0].tolist(), flush=True)
         sys.stdin.read()  # hold the leases until killed
     """
-    with subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=subprocess_env()) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    ) as proc:
         try:
             first_row = proc.stdout.readline().strip()
             wait_until(lambda: server.split_stats("chars")["leased_files"] == 2, what="two leases")
@@ -119,7 +130,11 @@ def test_killed_client_leases_expire_back_to_its_stream(start_server, corpus: Pa
         finally:
             if proc.poll() is None:
                 proc.kill()
-    wait_until(lambda: server.split_stats("chars")["leased_files"] == 0, timeout_s=10, what="leases to expire")
+    wait_until(
+        lambda: server.split_stats("chars")["leased_files"] == 0,
+        timeout_s=10,
+        what="leases to expire",
+    )
     stats = server.split_stats("chars")
     assert stats["leases_expired"] == 2 and stats["consumed_files"] == 0
     # The same rank comes back and gets the same file: nothing lost, nothing skipped.
@@ -128,7 +143,9 @@ def test_killed_client_leases_expire_back_to_its_stream(start_server, corpus: Pa
         assert str(x[0].tolist()) == first_row
 
 
-def test_dataset_dir_built_from_another_config_is_refused_not_deleted(start_server, corpus: Path, tmp_path: Path) -> None:
+def test_dataset_dir_built_from_another_config_is_refused_not_deleted(
+    start_server, corpus: Path, tmp_path: Path
+) -> None:
     server = start_server(char_config(corpus, batch_size=4))
     server.stop()
     meta = server.data_root / "chars" / "meta.pkl"

@@ -1,8 +1,8 @@
 """queue_client: what a training script imports to read batches from a batchqueue server.
 
-    from queue_client import QueueClient
-    client = QueueClient("localhost:50051", "stdlib_char", device="cuda")
-    X, Y = client.get_batch("train")
+from queue_client import QueueClient
+client = QueueClient("localhost:50051", "stdlib_char", device="cuda")
+X, Y = client.get_batch("train")
 """
 
 from typing import TYPE_CHECKING, Any
@@ -28,10 +28,15 @@ from queue_client.world import World
 
 if TYPE_CHECKING:
     from queue_client.client import QueueClient
+    from queue_client.dataset import QueueDataset
     from queue_client.legacy import LegacyClient
 
 # Imported on first use, so that the server can use the on-disk format without torch.
-_LAZY = {"QueueClient": "queue_client.client", "LegacyClient": "queue_client.legacy"}
+_LAZY = {
+    "LegacyClient": "queue_client.legacy",
+    "QueueClient": "queue_client.client",
+    "QueueDataset": "queue_client.dataset",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -40,6 +45,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'queue_client' has no attribute {name!r}")
+
 
 __all__ = [
     "BatchQueueError",
@@ -54,6 +60,7 @@ __all__ = [
     "PermissionDenied",
     "ProviderFailed",
     "QueueClient",
+    "QueueDataset",
     "SchemaMismatch",
     "ServerUnavailable",
     "UnknownDataset",

@@ -58,7 +58,9 @@ def check_dataset_name(name: str) -> str:
 
 def check_split_name(split: str) -> str:
     if not isinstance(split, str) or not _SPLIT_RE.fullmatch(split):
-        raise InvalidRequest(f"split name {split!r} is not allowed: use letters, digits, '_' and '-'")
+        raise InvalidRequest(
+            f"split name {split!r} is not allowed: use letters, digits, '_' and '-'"
+        )
     return split
 
 

@@ -74,7 +74,9 @@ class QueueClient:
         self._rpc = Rpc(address, auth_token=auth_token, reconnect_timeout_s=reconnect_timeout_s)
         self._closed = False
         try:
-            reply = self._rpc.call("GetMeta", pb.GetMetaRequest(dataset=self.dataset), timeout_s=timeout_s)
+            reply = self._rpc.call(
+                "GetMeta", pb.GetMetaRequest(dataset=self.dataset), timeout_s=timeout_s
+            )
         except BaseException:
             self._rpc.close()
             raise
@@ -83,7 +85,11 @@ class QueueClient:
         self.splits = list(reply.splits)
         self.batch_size = int(reply.batch_size)
         self._lease_ttl_s = max(reply.lease_ttl_ms / 1000, 0.1)
-        root = data_root if data_root is not None else os.environ.get("BATCHQUEUE_DATA_ROOT") or reply.data_root
+        root = (
+            data_root
+            if data_root is not None
+            else os.environ.get("BATCHQUEUE_DATA_ROOT") or reply.data_root
+        )
         self.data_root = Path(root).expanduser().resolve()
         self._transfer = Transfer(self.device, copy=copy)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="queue-client")
@@ -107,7 +113,7 @@ class QueueClient:
         out = self._transfer(stream.next_views())
         if stream.xy:
             return out[0], out[1]
-        return dict(zip(stream.names, out))
+        return dict(zip(stream.names, out, strict=True))
 
     def schema(self, split: str) -> tuple[FieldSpec, ...]:
         self._check_split(split)
@@ -118,7 +124,9 @@ class QueueClient:
         from google.protobuf.json_format import MessageToDict
 
         reply = self._rpc.call("GetStats", pb.GetStatsRequest(dataset=self.dataset))
-        return MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return MessageToDict(
+            reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Where each split's stream stands: small and JSON-serialisable, for checkpoints.
@@ -129,7 +137,9 @@ class QueueClient:
         them again.
         """
         if self.mode != "deterministic":
-            raise errors.InvalidRequest(f"dataset {self.dataset!r} is served best-effort, which has no exact resume")
+            raise errors.InvalidRequest(
+                f"dataset {self.dataset!r} is served best-effort, which has no exact resume"
+            )
         w = self.world.world_size
         splits = {}
         for split in sorted(set(self._streams) | set(self._resume)):
@@ -150,11 +160,15 @@ class QueueClient:
         at another world size; one state from another world size assumes the ranks stepped in
         lockstep. Held leases are returned first. See docs/ordering.md for the rule."""
         if self.mode != "deterministic":
-            raise errors.InvalidRequest(f"dataset {self.dataset!r} is served best-effort, which has no exact resume")
+            raise errors.InvalidRequest(
+                f"dataset {self.dataset!r} is served best-effort, which has no exact resume"
+            )
         plans = plan_resume(state, self.world, self.dataset)
         unknown = sorted(set(plans) - set(self.splits))
         if unknown:
-            raise errors.UnknownSplit(f"state holds split(s) {unknown} that dataset {self.dataset!r} lacks")
+            raise errors.UnknownSplit(
+                f"state holds split(s) {unknown} that dataset {self.dataset!r} lacks"
+            )
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
@@ -186,7 +200,9 @@ class QueueClient:
     def _check_split(self, split: str) -> None:
         check_split_name(split)
         if split not in self.splits:
-            raise errors.UnknownSplit(f"dataset {self.dataset!r} has no split {split!r}; it has {self.splits}")
+            raise errors.UnknownSplit(
+                f"dataset {self.dataset!r} has no split {split!r}; it has {self.splits}"
+            )
 
     def _open_stream(self, split: str) -> SplitStream:
         if self._closed:
@@ -209,7 +225,9 @@ class QueueClient:
         return stream
 
     # ---- leases (called from the prefetch thread) -------------------------------------------
-    def acquire(self, split: str, seq: int | None, deadline: float, carried: bool = False) -> pb.Lease:
+    def acquire(
+        self, split: str, seq: int | None, deadline: float, carried: bool = False
+    ) -> pb.Lease:
         while True:
             remaining = deadline - time.monotonic()
             request = pb.AcquireLeaseRequest(
@@ -236,7 +254,9 @@ class QueueClient:
         with self._held_lock:
             self._held[id(ref)] = ref
         if self._renewer is None:
-            self._renewer = threading.Thread(target=self._renew_loop, name="queue-client-renew", daemon=True)
+            self._renewer = threading.Thread(
+                target=self._renew_loop, name="queue-client-renew", daemon=True
+            )
             self._renewer.start()
 
     def release(self, ref: LeaseRef, outcome: int, reason: str = "", waited_s: float = 0.0) -> None:
@@ -245,7 +265,13 @@ class QueueClient:
             if ref.released:
                 return
             ref.released = True
-        request = pb.ReleaseLeaseRequest(lease_id=ref.lease_id, client_id=self.client_id, outcome=outcome, reason=reason, waited_s=waited_s)
+        request = pb.ReleaseLeaseRequest(
+            lease_id=ref.lease_id,
+            client_id=self.client_id,
+            outcome=outcome,
+            reason=reason,
+            waited_s=waited_s,
+        )
         try:
             self._rpc.call("ReleaseLease", request)
         except errors.UnknownLease:
@@ -259,7 +285,9 @@ class QueueClient:
             try:
                 self.release(ref, outcome, waited_s=waited_s)
             except errors.BatchQueueError as exc:
-                log.warning("releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
+                log.warning(
+                    "releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc
+                )
 
         self.executor.submit(run)
 
@@ -269,7 +297,9 @@ class QueueClient:
                 refs = [r for r in self._held.values() if not r.released]
             if not refs:
                 continue
-            request = pb.RenewLeasesRequest(client_id=self.client_id, lease_ids=[r.lease_id for r in refs])
+            request = pb.RenewLeasesRequest(
+                client_id=self.client_id, lease_ids=[r.lease_id for r in refs]
+            )
             try:
                 reply = self._rpc.call("RenewLeases", request)
             except errors.BatchQueueError as exc:
@@ -285,7 +315,9 @@ class QueueClient:
         try:
             lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s, ref.carried)
         except errors.BatchQueueError as exc:
-            log.warning("re-acquiring %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
+            log.warning(
+                "re-acquiring %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc
+            )
             return
         with self._held_lock:
             ref.lease_id = lease.lease_id

@@ -22,7 +22,12 @@ from queue_client.transfer import Transfer
 class LegacyClient:
     """get_batch(split) over legacy files; meta comes from meta.pkl when present."""
 
-    def __init__(self, data_dir: str | Path, batch_size: int | None = None, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        batch_size: int | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.data_dir = Path(data_dir)
         if not self.data_dir.is_dir():
             raise MetaError(f"legacy data dir {self.data_dir} does not exist")
@@ -49,7 +54,12 @@ class LegacyClient:
         if not isinstance(tensors, dict) or "x" not in tensors or "y" not in tensors:
             raise CorruptBatchFile(f"{path}: expected a dict with tensors 'x' and 'y'")
         x, y = tensors["x"], tensors["y"]
-        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.dim() < 1 or y.dim() < 1:
+        if (
+            not isinstance(x, torch.Tensor)
+            or not isinstance(y, torch.Tensor)
+            or x.dim() < 1
+            or y.dim() < 1
+        ):
             raise CorruptBatchFile(f"{path}: 'x' and 'y' must be tensors with a sample axis")
         if x.shape[0] != y.shape[0] or x.shape[0] == 0:
             raise CorruptBatchFile(f"{path}: x has {x.shape[0]} samples, y has {y.shape[0]}")

@@ -95,10 +95,14 @@ def validate_meta(meta: Mapping[str, Any], *, where: str = "meta") -> tuple[Fiel
             ) from None
         missing += [k for k in REQUIRED_BY_TYPE[ttype] if k not in meta]
     if missing:
-        needed = f" (training_type {ttype.value} needs {list(REQUIRED_BY_TYPE[ttype])})" if ttype else ""
+        needed = (
+            f" (training_type {ttype.value} needs {list(REQUIRED_BY_TYPE[ttype])})" if ttype else ""
+        )
         raise MetaError(f"{where} lacks required keys {missing}{needed}")
     for key in ("batch_size", "vocab_size", "block_size", "num_classes", "num_labels"):
-        if key in meta and (not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] <= 0):
+        if key in meta and (
+            not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] <= 0
+        ):
             raise MetaError(f"{where}: {key} must be a positive int, got {meta[key]!r}")
     if not isinstance(meta["split_info"], dict) or not meta["split_info"]:
         raise MetaError(f"{where}: split_info must be a non-empty dict of split name to info")

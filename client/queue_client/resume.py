@@ -47,14 +47,26 @@ class StreamPlan:
     def to_state(self, stride: int) -> dict[str, Any]:
         if self.items:
             (seq, offset), rest = self.items[0], self.items[1:]
-            return {"seq": seq, "offset": offset, "next_seq": self.next_seq, "pending": [list(i) for i in rest]}
-        return {"seq": self.next_seq, "offset": 0, "next_seq": self.next_seq + stride, "pending": []}
+            return {
+                "seq": seq,
+                "offset": offset,
+                "next_seq": self.next_seq,
+                "pending": [list(i) for i in rest],
+            }
+        return {
+            "seq": self.next_seq,
+            "offset": 0,
+            "next_seq": self.next_seq + stride,
+            "pending": [],
+        }
 
 
 def _plan_from_state(split: str, pos: Mapping[str, Any]) -> StreamPlan:
     def nat(value: Any, what: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise InvalidRequest(f"state of split {split!r}: {what} is {value!r}, expected an int >= 0")
+            raise InvalidRequest(
+                f"state of split {split!r}: {what} is {value!r}, expected an int >= 0"
+            )
         return value
 
     seq, offset = nat(pos.get("seq"), "seq"), nat(pos.get("offset"), "offset")
@@ -65,21 +77,31 @@ def _plan_from_state(split: str, pos: Mapping[str, Any]) -> StreamPlan:
     items = [(seq, offset)]
     for item in pending:
         if not isinstance(item, (list, tuple)) or len(item) != 2:
-            raise InvalidRequest(f"state of split {split!r}: pending item {item!r} is not [seq, offset]")
+            raise InvalidRequest(
+                f"state of split {split!r}: pending item {item!r} is not [seq, offset]"
+            )
         items.append((nat(item[0], "a pending seq"), nat(item[1], "a pending offset")))
     return StreamPlan(tuple(items), next_seq)
 
 
 def _check_state(state: Any, dataset: str) -> Mapping[str, Any]:
     if not isinstance(state, Mapping):
-        raise InvalidRequest(f"state must be a dict from QueueClient.state_dict(), got {type(state).__name__}")
+        raise InvalidRequest(
+            f"state must be a dict from QueueClient.state_dict(), got {type(state).__name__}"
+        )
     missing = [k for k in _KEYS if k not in state]
     if missing:
-        raise InvalidRequest(f"state lacks keys {missing}: pass what QueueClient.state_dict() returned")
+        raise InvalidRequest(
+            f"state lacks keys {missing}: pass what QueueClient.state_dict() returned"
+        )
     if state["version"] != STATE_VERSION:
-        raise InvalidRequest(f"state version {state['version']!r} is not supported (expected {STATE_VERSION})")
+        raise InvalidRequest(
+            f"state version {state['version']!r} is not supported (expected {STATE_VERSION})"
+        )
     if state["dataset"] != dataset:
-        raise InvalidRequest(f"state is for dataset {state['dataset']!r}, this client reads {dataset!r}")
+        raise InvalidRequest(
+            f"state is for dataset {state['dataset']!r}, this client reads {dataset!r}"
+        )
     World(state["rank"], state["world_size"])
     if not isinstance(state["splits"], Mapping):
         raise InvalidRequest("state['splits'] must be a dict of split name to position")
@@ -94,13 +116,22 @@ def _lockstep_states(state: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         splits = {}
         for split, pos in state["splits"].items():
             plan = _plan_from_state(split, pos)
-            if len(plan.items) != 1 or plan.next_seq != plan.items[0][0] + w or plan.items[0][0] % w != q:
+            if (
+                len(plan.items) != 1
+                or plan.next_seq != plan.items[0][0] + w
+                or plan.items[0][0] % w != q
+            ):
                 raise InvalidRequest(
                     f"state of split {split!r} was itself resumed elastically; pass every rank's state "
                     "(gather them with torch.distributed.all_gather_object) instead of one"
                 )
             seq, offset = plan.items[0]
-            splits[split] = {"seq": seq - q + r, "offset": offset, "next_seq": plan.next_seq - q + r, "pending": []}
+            splits[split] = {
+                "seq": seq - q + r,
+                "offset": offset,
+                "next_seq": plan.next_seq - q + r,
+                "pending": [],
+            }
         out.append({**state, "rank": r, "splits": splits})
     return out
 
@@ -122,7 +153,9 @@ def elastic_plan(old: Sequence[StreamPlan], old_world: int, world: World) -> Str
     return StreamPlan(mine, boundary + world.rank)
 
 
-def plan_resume(state: Mapping[str, Any] | Sequence[Mapping[str, Any]], world: World, dataset: str) -> dict[str, StreamPlan]:
+def plan_resume(
+    state: Mapping[str, Any] | Sequence[Mapping[str, Any]], world: World, dataset: str
+) -> dict[str, StreamPlan]:
     """{split: plan} for this rank, from one rank's state or a list of every rank's state."""
     if isinstance(state, Mapping):
         state = _check_state(state, dataset)
@@ -138,7 +171,9 @@ def plan_resume(state: Mapping[str, Any] | Sequence[Mapping[str, Any]], world: W
             raise InvalidRequest(f"the states come from different world sizes {sorted(sizes)}")
         states.sort(key=lambda s: s["rank"])
         if [s["rank"] for s in states] != list(range(states[0]["world_size"])):
-            raise InvalidRequest(f"need one state per rank 0..{states[0]['world_size'] - 1}, got ranks {[s['rank'] for s in states]}")
+            raise InvalidRequest(
+                f"need one state per rank 0..{states[0]['world_size'] - 1}, got ranks {[s['rank'] for s in states]}"
+            )
     old_world = states[0]["world_size"]
     if old_world == world.world_size:
         mine = states[world.rank]

@@ -22,18 +22,30 @@ _BACKOFF_S = (0.05, 2.0)
 
 
 class Rpc:
-    def __init__(self, address: str, *, auth_token: str | None = None, reconnect_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, address: str, *, auth_token: str | None = None, reconnect_timeout_s: float = 30.0
+    ) -> None:
         self.address = address
         self.reconnect_timeout_s = reconnect_timeout_s
         self._channel = grpc.insecure_channel(
             address,
-            options=[("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.enable_http_proxy", 0)],
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.enable_http_proxy", 0),
+            ],
         )
         self._stub = pb_grpc.BatchQueueStub(self._channel)
         token = auth_token if auth_token is not None else os.environ.get("BATCHQUEUE_TOKEN")
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
 
-    def call(self, method: str, request: Any, *, timeout_s: float = 30.0, reconnect_timeout_s: float | None = None) -> Any:
+    def call(
+        self,
+        method: str,
+        request: Any,
+        *,
+        timeout_s: float = 30.0,
+        reconnect_timeout_s: float | None = None,
+    ) -> Any:
         """Call `method`, retrying only while the server is unreachable."""
         patience = self.reconnect_timeout_s if reconnect_timeout_s is None else reconnect_timeout_s
         deadline = time.monotonic() + patience
@@ -44,7 +56,10 @@ class Rpc:
                 return fn(request, timeout=timeout_s, metadata=self._metadata, wait_for_ready=False)
             except grpc.RpcError as err:
                 error = error_from_rpc(err, self.address)
-                if not isinstance(error, ServerUnavailable) or err.code() != grpc.StatusCode.UNAVAILABLE:
+                if (
+                    not isinstance(error, ServerUnavailable)
+                    or err.code() != grpc.StatusCode.UNAVAILABLE
+                ):
                     raise error from None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -54,7 +54,9 @@ class FieldSpec:
         except MetaError as exc:
             raise MetaError(f"schema field {self.name!r}: {exc}") from None
         if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in self.shape):
-            raise MetaError(f"schema field {self.name!r}: shape {self.shape!r} must be positive ints")
+            raise MetaError(
+                f"schema field {self.name!r}: shape {self.shape!r} must be positive ints"
+            )
         if self.role not in ROLES:
             raise MetaError(f"schema field {self.name!r}: role {self.role!r} not in {ROLES}")
 
@@ -71,7 +73,12 @@ class FieldSpec:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "role": self.role}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "role": self.role,
+        }
 
 
 def parse_schema(raw: Sequence[Mapping[str, Any]]) -> tuple[FieldSpec, ...]:
@@ -110,7 +117,9 @@ def check_tensors(
         if not isinstance(t, torch.Tensor):
             raise SchemaMismatch(f"field {f.name!r} is a {type(t).__name__}, not a tensor")
         if dtype_name(t.dtype) != f.dtype:
-            raise SchemaMismatch(f"field {f.name!r} has dtype {dtype_name(t.dtype)}, schema says {f.dtype}")
+            raise SchemaMismatch(
+                f"field {f.name!r} has dtype {dtype_name(t.dtype)}, schema says {f.dtype}"
+            )
         want = (*lead, *f.shape)
         if tuple(t.shape) != want:
             raise SchemaMismatch(f"field {f.name!r} has shape {tuple(t.shape)}, schema says {want}")

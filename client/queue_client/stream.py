@@ -59,10 +59,16 @@ class LeaseSource:
     verify_checksums: bool
     executor: ThreadPoolExecutor
 
-    def acquire(self, split: str, seq: int | None, deadline: float, carried: bool = False) -> pb.Lease: ...  # pragma: no cover
+    def acquire(
+        self, split: str, seq: int | None, deadline: float, carried: bool = False
+    ) -> pb.Lease: ...  # pragma: no cover
     def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
-    def release(self, ref: LeaseRef, outcome: int, reason: str = "") -> None: ...  # pragma: no cover
-    def release_later(self, ref: LeaseRef, outcome: int, waited_s: float = 0.0) -> None: ...  # pragma: no cover
+    def release(
+        self, ref: LeaseRef, outcome: int, reason: str = ""
+    ) -> None: ...  # pragma: no cover
+    def release_later(
+        self, ref: LeaseRef, outcome: int, waited_s: float = 0.0
+    ) -> None: ...  # pragma: no cover
 
 
 class SplitStream:
@@ -177,7 +183,9 @@ class SplitStream:
         root = self.source.data_root
         path = (root / lease.path).resolve()
         if not path.is_relative_to(root):
-            raise errors.PermissionDenied(f"leased path {lease.path!r} lies outside the data root {root}")
+            raise errors.PermissionDenied(
+                f"leased path {lease.path!r} lies outside the data root {root}"
+            )
         try:
             size = path.stat().st_size
         except FileNotFoundError:
@@ -185,11 +193,15 @@ class SplitStream:
                 f"{path} is not visible here: is data_root ({root}) the server's data root as mounted on this machine?"
             ) from None
         if size != lease.size_bytes:
-            raise errors.CorruptBatchFile(f"{path} has {size} bytes, the server wrote {lease.size_bytes}")
+            raise errors.CorruptBatchFile(
+                f"{path} has {size} bytes, the server wrote {lease.size_bytes}"
+            )
         if self.source.verify_checksums:
             crc = file_crc32(path)
             if crc != lease.crc32:
-                raise errors.CorruptBatchFile(f"{path} has crc32 {crc:#010x}, the server wrote {lease.crc32:#010x}")
+                raise errors.CorruptBatchFile(
+                    f"{path} has crc32 {crc:#010x}, the server wrote {lease.crc32:#010x}"
+                )
         else:
             _page_in(path)
         batch_file = load_batch_file(path)

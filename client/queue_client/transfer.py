@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+
 class Transfer:
     """Callable that turns views of one batch into the tensors handed to the trainer."""
 
@@ -44,11 +45,13 @@ class Transfer:
         event = self._events[slot]
         if event is not None:
             event.synchronize()  # the GPU has finished reading this slot's last batch
-        if len(staging) != len(views) or any(s.shape != v.shape or s.dtype != v.dtype for s, v in zip(staging, views)):
+        if len(staging) != len(views) or any(
+            s.shape != v.shape or s.dtype != v.dtype for s, v in zip(staging, views, strict=True)
+        ):
             staging = [torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for v in views]
             self._staging[slot] = staging
         out = []
-        for buf, v in zip(staging, views):
+        for buf, v in zip(staging, views, strict=True):
             buf.copy_(v)
             out.append(buf.to(self.device, non_blocking=True))
         event = torch.cuda.Event()

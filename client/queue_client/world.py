@@ -16,10 +16,20 @@ class World:
     world_size: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.world_size, int) or isinstance(self.world_size, bool) or self.world_size < 1:
+        if (
+            not isinstance(self.world_size, int)
+            or isinstance(self.world_size, bool)
+            or self.world_size < 1
+        ):
             raise InvalidRequest(f"world_size {self.world_size!r} must be an int >= 1")
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or not 0 <= self.rank < self.world_size:
-            raise InvalidRequest(f"rank {self.rank!r} must lie in [0, world_size={self.world_size})")
+        if (
+            not isinstance(self.rank, int)
+            or isinstance(self.rank, bool)
+            or not 0 <= self.rank < self.world_size
+        ):
+            raise InvalidRequest(
+                f"rank {self.rank!r} must lie in [0, world_size={self.world_size})"
+            )
 
     @classmethod
     def detect(cls, rank: int | None = None, world_size: int | None = None) -> World:

@@ -78,7 +78,9 @@ class DataProviderBase(abc.ABC):
     def load_state_dict(self, split: str, state: Mapping[str, Any]) -> None:
         """Restore a state from `state_dict`, to produce a journaled seq again."""
         if state:
-            raise ValueError(f"{type(self).__name__} is stateless but was given state {dict(state)!r}")
+            raise ValueError(
+                f"{type(self).__name__} is stateless but was given state {dict(state)!r}"
+            )
 
     # ---- provided --------------------------------------------------------------------------
     @property
@@ -88,9 +90,14 @@ class DataProviderBase(abc.ABC):
     def complete_meta(self) -> dict[str, Any]:
         """build_meta() plus the keys the base owns, validated strictly."""
         meta = dict(self.build_meta())
-        for key, value in (("dataset_name", self.context.dataset_name), ("batch_size", self.batch_size)):
+        for key, value in (
+            ("dataset_name", self.context.dataset_name),
+            ("batch_size", self.batch_size),
+        ):
             if key in meta and meta[key] != value:
-                raise MetaError(f"build_meta() set {key}={meta[key]!r} but the config says {value!r}")
+                raise MetaError(
+                    f"build_meta() set {key}={meta[key]!r} but the config says {value!r}"
+                )
             meta[key] = value
         meta["batches_per_file"] = self.context.batches_per_file
         meta.update(self.context.extra_meta)

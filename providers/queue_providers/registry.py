@@ -48,11 +48,15 @@ def check_args(cls: type[DataProviderBase], args: dict[str, Any], where: str) ->
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     unknown = sorted(set(args) - accepted)
     if unknown and not takes_any:
-        raise ConfigError(f"{where}: unknown key(s) {unknown} for provider {cls.__name__}; accepted: {sorted(accepted)}")
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown} for provider {cls.__name__}; accepted: {sorted(accepted)}"
+        )
     missing = sorted(
         n
         for n, p in params.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty and n not in args
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+        and p.default is inspect.Parameter.empty
+        and n not in args
     )
     if missing:
         raise ConfigError(f"{where}: missing required key(s) {missing} for provider {cls.__name__}")

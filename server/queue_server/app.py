@@ -44,11 +44,17 @@ class QueueServer:
         root = Path(config.data_root).expanduser().resolve()
         self.config = replace(config, data_root=root)
         self.health = health.aio.HealthServicer()
-        self.datasets = {d.name: DatasetRuntime(d, self.config, self._on_dataset_state) for d in config.datasets}
+        self.datasets = {
+            d.name: DatasetRuntime(d, self.config, self._on_dataset_state) for d in config.datasets
+        }
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.address = ""
-        self.metrics = MetricsServer(self.datasets, self.config.metrics_listen) if self.config.metrics_listen else None
+        self.metrics = (
+            MetricsServer(self.datasets, self.config.metrics_listen)
+            if self.config.metrics_listen
+            else None
+        )
         self.metrics_address = ""
 
     def _on_dataset_state(self, runtime: DatasetRuntime) -> None:
@@ -59,7 +65,9 @@ class QueueServer:
         overall = all(s == SERVING for s in states)
         status = health_pb2.HealthCheckResponse
         for name, rt in self.datasets.items():
-            await self.health.set(health_name(name), status.SERVING if rt.state == SERVING else status.NOT_SERVING)
+            await self.health.set(
+                health_name(name), status.SERVING if rt.state == SERVING else status.NOT_SERVING
+            )
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status.SERVING if overall else status.NOT_SERVING)
 
@@ -71,7 +79,9 @@ class QueueServer:
             log.warning(
                 "listening on %s, which is reachable from other hosts%s",
                 cfg.listen,
-                "" if cfg.auth_token else "; set server.auth_token so that only your trainers can lease files",
+                ""
+                if cfg.auth_token
+                else "; set server.auth_token so that only your trainers can lease files",
             )
         interceptors = [TokenInterceptor(cfg.auth_token)] if cfg.auth_token else []
         server = grpc.aio.server(
@@ -82,15 +92,21 @@ class QueueServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        servicer = BatchQueueServicer(self.datasets, str(cfg.data_root), cfg.lease_ttl_s, cfg.acquire_wait_s, self.metrics)
+        servicer = BatchQueueServicer(
+            self.datasets, str(cfg.data_root), cfg.lease_ttl_s, cfg.acquire_wait_s, self.metrics
+        )
         pb_grpc.add_BatchQueueServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
             server,
         )
         if listen.unix_path:
-            Path(listen.unix_path).unlink(missing_ok=True)
+            await asyncio.to_thread(Path(listen.unix_path).unlink, missing_ok=True)
             old = os.umask(0o777 & ~cfg.unix_socket_mode)  # the socket is born with its final mode
             try:
                 server.add_insecure_port(listen.grpc_target)
@@ -100,7 +116,9 @@ class QueueServer:
         else:
             port = server.add_insecure_port(listen.grpc_target)
             if port == 0:
-                raise OSError(f"cannot listen on {cfg.listen}: the address is in use or not available")
+                raise OSError(
+                    f"cannot listen on {cfg.listen}: the address is in use or not available"
+                )
             self.address = f"{listen.host}:{port}"
         await self._publish_health()
         if self.metrics is not None:
@@ -109,7 +127,12 @@ class QueueServer:
         self._server = server
         for runtime in self.datasets.values():
             self._tasks.append(asyncio.get_running_loop().create_task(runtime.start()))
-        log.info("batchqueue serving %s on %s (data root %s)", sorted(self.datasets), self.address, cfg.data_root)
+        log.info(
+            "batchqueue serving %s on %s (data root %s)",
+            sorted(self.datasets),
+            self.address,
+            cfg.data_root,
+        )
         return self.address
 
     async def wait_ready(self) -> None:
@@ -132,7 +155,7 @@ class QueueServer:
         await asyncio.gather(*(rt.close() for rt in self.datasets.values()), return_exceptions=True)
         listen = parse_listen(self.config.listen)
         if listen.unix_path:
-            Path(listen.unix_path).unlink(missing_ok=True)
+            await asyncio.to_thread(Path(listen.unix_path).unlink, missing_ok=True)
 
 
 async def create_server(config: ServerConfig) -> tuple[QueueServer, str]:

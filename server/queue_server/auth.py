@@ -36,5 +36,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         sent = dict(details.invocation_metadata or ()).get("authorization", "")
         sent_bytes = sent.encode() if isinstance(sent, str) else sent
         if not hmac.compare_digest(sent_bytes, self._expected):
-            return _deny("missing or wrong token: send 'authorization: Bearer <token>' (server.auth_token)")
+            return _deny(
+                "missing or wrong token: send 'authorization: Bearer <token>' (server.auth_token)"
+            )
         return await continuation(details)

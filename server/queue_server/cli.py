@@ -19,11 +19,24 @@ from queue_server.config import ServerConfig, load_config, parse_listen
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="queue-server", description=__doc__)
-    p.add_argument("--config", type=Path, help="TOML config (default: the embedded stdlib_char dataset)")
-    p.add_argument("--data-root", type=Path, help="where dataset dirs live (overrides server.data_root)")
-    p.add_argument("--listen", help="HOST:PORT or unix:PATH (overrides server.listen; default 127.0.0.1:50051)")
-    p.add_argument("--metrics-listen", help='HTTP /metrics and /healthz: HOST:PORT, unix:PATH, or "" for off (default 127.0.0.1:50052)')
-    p.add_argument("--ready-file", type=Path, help="write {address, metrics_address, pid} here as JSON once bound")
+    p.add_argument(
+        "--config", type=Path, help="TOML config (default: the embedded stdlib_char dataset)"
+    )
+    p.add_argument(
+        "--data-root", type=Path, help="where dataset dirs live (overrides server.data_root)"
+    )
+    p.add_argument(
+        "--listen", help="HOST:PORT or unix:PATH (overrides server.listen; default 127.0.0.1:50051)"
+    )
+    p.add_argument(
+        "--metrics-listen",
+        help='HTTP /metrics and /healthz: HOST:PORT, unix:PATH, or "" for off (default 127.0.0.1:50052)',
+    )
+    p.add_argument(
+        "--ready-file",
+        type=Path,
+        help="write {address, metrics_address, pid} here as JSON once bound",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per produced file")
     return p.parse_args(argv)
 
@@ -46,7 +59,11 @@ async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
     address = await server.start()
     if ready_file is not None:
         tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.write_text(json.dumps({"address": address, "metrics_address": server.metrics_address, "pid": os.getpid()}))
+        tmp.write_text(
+            json.dumps(
+                {"address": address, "metrics_address": server.metrics_address, "pid": os.getpid()}
+            )
+        )
         os.replace(tmp, ready_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -56,7 +73,11 @@ async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
 
     async def fail_fast_on_config_errors() -> None:
         await server.wait_ready()
-        bad_config.extend(f"datasets.{rt.name}: {rt.last_error}" for rt in server.datasets.values() if rt.config_error)
+        bad_config.extend(
+            f"datasets.{rt.name}: {rt.last_error}"
+            for rt in server.datasets.values()
+            if rt.config_error
+        )
         if bad_config:
             stop.set()
 

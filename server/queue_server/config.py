@@ -82,19 +82,38 @@ class DatasetConfig:
             check_dataset_name(self.name)
         except InvalidRequest as exc:
             raise ConfigError(f"[{where}]: {exc}") from None
-        _check(isinstance(self.provider, str) and bool(self.provider), f"{where}.provider", self.provider, "a provider name such as 'char_lm'")
+        _check(
+            isinstance(self.provider, str) and bool(self.provider),
+            f"{where}.provider",
+            self.provider,
+            "a provider name such as 'char_lm'",
+        )
         for key in ("batch_size", "batches_per_file", "max_backlog_files", "workers", "max_lead"):
             value = getattr(self, key)
             _check(_is_int(value) and value >= 1, f"{where}.{key}", value, "an integer >= 1")
         _check(_is_int(self.seed), f"{where}.seed", self.seed, "an integer")
-        _check(_is_int(self.max_worker_restarts) and self.max_worker_restarts >= 0, f"{where}.max_worker_restarts", self.max_worker_restarts, "an integer >= 0")
+        _check(
+            _is_int(self.max_worker_restarts) and self.max_worker_restarts >= 0,
+            f"{where}.max_worker_restarts",
+            self.max_worker_restarts,
+            "an integer >= 0",
+        )
         _check(self.mode in MODES, f"{where}.mode", self.mode, f"one of {MODES}")
         _check(isinstance(self.args, dict), f"{where}.args", self.args, "a table")
 
     def fingerprint(self) -> str:
         """What the produced data depends on; a dataset dir built under another is refused."""
-        keyed = {"provider": self.provider, "batch_size": self.batch_size, "batches_per_file": self.batches_per_file, "seed": self.seed, "workers": self.workers, "args": self.args}
-        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        keyed = {
+            "provider": self.provider,
+            "batch_size": self.batch_size,
+            "batches_per_file": self.batches_per_file,
+            "seed": self.seed,
+            "workers": self.workers,
+            "args": self.args,
+        }
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[
+            :16
+        ]
 
 
 @dataclass(frozen=True)
@@ -120,16 +139,43 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)
-        _check(isinstance(self.metrics_listen, str), "server.metrics_listen", self.metrics_listen, 'HOST:PORT, unix:PATH or "" for off')
+        _check(
+            isinstance(self.metrics_listen, str),
+            "server.metrics_listen",
+            self.metrics_listen,
+            'HOST:PORT, unix:PATH or "" for off',
+        )
         if self.metrics_listen:
             try:
                 parse_listen(self.metrics_listen)
             except ConfigError:
-                raise ConfigError(f'server.metrics_listen = {self.metrics_listen!r} is invalid: expected HOST:PORT, unix:PATH or "" for off') from None
-        _check(_is_number(self.lease_ttl_s) and self.lease_ttl_s > 0, "server.lease_ttl_s", self.lease_ttl_s, "a number > 0")
-        _check(_is_number(self.acquire_wait_s) and self.acquire_wait_s > 0, "server.acquire_wait_s", self.acquire_wait_s, "a number > 0")
-        _check(_is_int(self.unix_socket_mode) and 0 <= self.unix_socket_mode <= 0o777, "server.unix_socket_mode", self.unix_socket_mode, "a file mode such as 0o600")
-        _check(self.auth_token is None or (isinstance(self.auth_token, str) and self.auth_token != ""), "server.auth_token", self.auth_token, "a non-empty string")
+                raise ConfigError(
+                    f'server.metrics_listen = {self.metrics_listen!r} is invalid: expected HOST:PORT, unix:PATH or "" for off'
+                ) from None
+        _check(
+            _is_number(self.lease_ttl_s) and self.lease_ttl_s > 0,
+            "server.lease_ttl_s",
+            self.lease_ttl_s,
+            "a number > 0",
+        )
+        _check(
+            _is_number(self.acquire_wait_s) and self.acquire_wait_s > 0,
+            "server.acquire_wait_s",
+            self.acquire_wait_s,
+            "a number > 0",
+        )
+        _check(
+            _is_int(self.unix_socket_mode) and 0 <= self.unix_socket_mode <= 0o777,
+            "server.unix_socket_mode",
+            self.unix_socket_mode,
+            "a file mode such as 0o600",
+        )
+        _check(
+            self.auth_token is None or (isinstance(self.auth_token, str) and self.auth_token != ""),
+            "server.auth_token",
+            self.auth_token,
+            "a non-empty string",
+        )
         names = [d.name for d in self.datasets]
         _check(len(set(names)) == len(names), "datasets", names, "unique names")
 
@@ -165,7 +211,7 @@ class ListenAddress:
 
 
 def parse_listen(listen: str) -> ListenAddress:
-    """"HOST:PORT", "[::1]:PORT" or "unix:PATH"; port 0 picks a free port."""
+    """ "HOST:PORT", "[::1]:PORT" or "unix:PATH"; port 0 picks a free port."""
     if not isinstance(listen, str) or not listen:
         raise ConfigError(f"server.listen = {listen!r} is invalid: expected HOST:PORT or unix:PATH")
     if listen.startswith("unix:"):
@@ -174,7 +220,9 @@ def parse_listen(listen: str) -> ListenAddress:
         return ListenAddress(None, None, path)
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
-        raise ConfigError(f"server.listen = {listen!r} is invalid: expected HOST:PORT (port 0-65535) or unix:PATH")
+        raise ConfigError(
+            f"server.listen = {listen!r} is invalid: expected HOST:PORT (port 0-65535) or unix:PATH"
+        )
     return ListenAddress(host, int(port), None)
 
 
@@ -186,12 +234,16 @@ def parse_config(raw: dict[str, Any], *, config_dir: Path) -> ServerConfig:
     """Build a ServerConfig from parsed TOML, naming the first offending key."""
     unknown = sorted(set(raw) - {"server", "datasets"})
     if unknown:
-        raise ConfigError(f"unknown top-level table(s) {unknown}: expected [server] and [datasets.NAME]")
+        raise ConfigError(
+            f"unknown top-level table(s) {unknown}: expected [server] and [datasets.NAME]"
+        )
     server = raw.get("server", {})
     _check(isinstance(server, dict), "server", server, "a table")
     unknown = sorted(set(server) - _SERVER_KEYS)
     if unknown:
-        raise ConfigError(f"unknown key(s) {['server.' + k for k in unknown]}: expected some of {sorted(_SERVER_KEYS)}")
+        raise ConfigError(
+            f"unknown key(s) {['server.' + k for k in unknown]}: expected some of {sorted(_SERVER_KEYS)}"
+        )
     datasets_raw = raw.get("datasets", {})
     _check(isinstance(datasets_raw, dict), "datasets", datasets_raw, "tables [datasets.NAME]")
     datasets = []
@@ -199,14 +251,21 @@ def parse_config(raw: dict[str, Any], *, config_dir: Path) -> ServerConfig:
         _check(isinstance(table, dict), f"datasets.{name}", table, "a table")
         unknown = sorted(set(table) - _DATASET_KEYS)
         if unknown:
-            raise ConfigError(f"unknown key(s) {[f'datasets.{name}.{k}' for k in unknown]}: expected some of {sorted(_DATASET_KEYS)}")
+            raise ConfigError(
+                f"unknown key(s) {[f'datasets.{name}.{k}' for k in unknown]}: expected some of {sorted(_DATASET_KEYS)}"
+            )
         for key in ("provider", "batch_size"):
             if key not in table:
                 raise ConfigError(f"datasets.{name}.{key} is missing")
         datasets.append(DatasetConfig(name=name, **table))
     kwargs = dict(server)
     if "data_root" in kwargs:
-        _check(isinstance(kwargs["data_root"], str) and kwargs["data_root"] != "", "server.data_root", kwargs["data_root"], "a path")
+        _check(
+            isinstance(kwargs["data_root"], str) and kwargs["data_root"] != "",
+            "server.data_root",
+            kwargs["data_root"],
+            "a path",
+        )
         kwargs["data_root"] = config_dir / Path(kwargs["data_root"]).expanduser()
     else:
         kwargs["data_root"] = config_dir / "data"

@@ -10,7 +10,14 @@ from typing import Any
 
 from queue_client import errors
 from queue_client.batchfile import META_FILE, check_split_name, dataset_dir
-from queue_client.meta import dump_meta, load_meta, meta_from_json, meta_to_json, split_schema, validate_meta
+from queue_client.meta import (
+    dump_meta,
+    load_meta,
+    meta_from_json,
+    meta_to_json,
+    split_schema,
+    validate_meta,
+)
 from queue_client.schema import FieldSpec
 from queue_server.config import DatasetConfig, ServerConfig
 from queue_server.split_queue import SplitQueue
@@ -22,7 +29,12 @@ STARTING, SERVING, FAILED = "starting", "serving", "failed"
 
 
 class DatasetRuntime:
-    def __init__(self, config: DatasetConfig, server: ServerConfig, on_state: Callable[[DatasetRuntime], None]) -> None:
+    def __init__(
+        self,
+        config: DatasetConfig,
+        server: ServerConfig,
+        on_state: Callable[[DatasetRuntime], None],
+    ) -> None:
         self.config = config
         self.server = server
         self.dir = dataset_dir(server.data_root, config.name)
@@ -53,15 +65,22 @@ class DatasetRuntime:
             "worker_index": index,
             "num_workers": self.config.workers,
             "verbose": self.server.verbose,
-            "extra_meta": {"provider": self.config.provider, "config_fingerprint": self.config.fingerprint()},
+            "extra_meta": {
+                "provider": self.config.provider,
+                "config_fingerprint": self.config.fingerprint(),
+            },
         }
-        return WorkerProcess(f"{self.config.name}/{split} worker {index}", init, self.server.config_dir)
+        return WorkerProcess(
+            f"{self.config.name}/{split} worker {index}", init, self.server.config_dir
+        )
 
     async def start(self) -> None:
         try:
             await self._start()
         except Exception as exc:
-            self.config_error = isinstance(exc, errors.ConfigError) or (isinstance(exc, WorkerError) and exc.kind == "ConfigError")
+            self.config_error = isinstance(exc, errors.ConfigError) or (
+                isinstance(exc, WorkerError) and exc.kind == "ConfigError"
+            )
             known = isinstance(exc, (errors.BatchQueueError, WorkerError, WorkerDied))
             self.fail(str(exc) if known else f"{type(exc).__name__}: {exc}")
             return
@@ -135,7 +154,9 @@ class DatasetRuntime:
         try:
             return self.splits[name]
         except KeyError:
-            raise errors.UnknownSplit(f"dataset {self.config.name!r} has no split {name!r}; it has {sorted(self.splits)}") from None
+            raise errors.UnknownSplit(
+                f"dataset {self.config.name!r} has no split {name!r}; it has {sorted(self.splits)}"
+            ) from None
 
     def schema(self, split: str) -> tuple[FieldSpec, ...]:
         self.split(split)

@@ -51,7 +51,7 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[bytes] = open(self.path, "a+b")  # noqa: SIM115 - held open for appends
+        self._file: IO[bytes] = open(self.path, "a+b")
 
     def replay(self) -> JournalSummary:
         summary = JournalSummary()
@@ -76,7 +76,9 @@ class Journal:
                     summary.produced_count += 1
                 summary.produced_bytes += rec["bytes"]
                 summary.offsets[seq] = start
-                summary.produced[seq] = ProducedRecord(seq, rec["name"], rec["bytes"], rec["crc"], rec["w"], start)
+                summary.produced[seq] = ProducedRecord(
+                    seq, rec["name"], rec["bytes"], rec["crc"], rec["w"], start
+                )
                 summary.consumed.discard(seq)
                 summary.quarantined.pop(seq, None)
                 if rec.get("fwd", True):

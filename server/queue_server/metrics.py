@@ -36,22 +36,50 @@ class QueueCollector:
 
     def collect(self) -> Iterator[Metric]:
         labels = ["dataset", "split"]
-        up = GaugeMetricFamily("batchqueue_dataset_up", "1 while the dataset is SERVING", labels=["dataset"])
+        up = GaugeMetricFamily(
+            "batchqueue_dataset_up", "1 while the dataset is SERVING", labels=["dataset"]
+        )
         gauges = {
-            "ready": GaugeMetricFamily("batchqueue_backlog_files", "Files on disk and not leased", labels=labels),
-            "leased": GaugeMetricFamily("batchqueue_leased_files", "Files leased to clients now", labels=labels),
-            "cap": GaugeMetricFamily("batchqueue_max_backlog_files", "Configured ready files per rank", labels=labels),
-            "world": GaugeMetricFamily("batchqueue_world_size", "World size of the ranks reading", labels=labels),
+            "ready": GaugeMetricFamily(
+                "batchqueue_backlog_files", "Files on disk and not leased", labels=labels
+            ),
+            "leased": GaugeMetricFamily(
+                "batchqueue_leased_files", "Files leased to clients now", labels=labels
+            ),
+            "cap": GaugeMetricFamily(
+                "batchqueue_max_backlog_files", "Configured ready files per rank", labels=labels
+            ),
+            "world": GaugeMetricFamily(
+                "batchqueue_world_size", "World size of the ranks reading", labels=labels
+            ),
         }
         counters = {
-            "produced_files": CounterMetricFamily("batchqueue_files_produced", "Files produced (first time)", labels=labels),
-            "reproduced_files": CounterMetricFamily("batchqueue_files_reproduced", "Files produced again", labels=labels),
-            "consumed_files": CounterMetricFamily("batchqueue_files_consumed", "Files consumed and deleted", labels=labels),
-            "produced_bytes": CounterMetricFamily("batchqueue_produced_bytes", "Bytes of batch files written", labels=labels),
-            "leases_expired": CounterMetricFamily("batchqueue_leases_expired", "Leases whose client stopped renewing", labels=labels),
-            "quarantined_files": CounterMetricFamily("batchqueue_quarantined_files", "Files moved to quarantine", labels=labels),
-            "worker_restarts": CounterMetricFamily("batchqueue_provider_errors", "Provider worker crashes and errors", labels=labels),
-            "disk_errors": CounterMetricFamily("batchqueue_disk_errors", "Writes that failed for lack of space or permission", labels=labels),
+            "produced_files": CounterMetricFamily(
+                "batchqueue_files_produced", "Files produced (first time)", labels=labels
+            ),
+            "reproduced_files": CounterMetricFamily(
+                "batchqueue_files_reproduced", "Files produced again", labels=labels
+            ),
+            "consumed_files": CounterMetricFamily(
+                "batchqueue_files_consumed", "Files consumed and deleted", labels=labels
+            ),
+            "produced_bytes": CounterMetricFamily(
+                "batchqueue_produced_bytes", "Bytes of batch files written", labels=labels
+            ),
+            "leases_expired": CounterMetricFamily(
+                "batchqueue_leases_expired", "Leases whose client stopped renewing", labels=labels
+            ),
+            "quarantined_files": CounterMetricFamily(
+                "batchqueue_quarantined_files", "Files moved to quarantine", labels=labels
+            ),
+            "worker_restarts": CounterMetricFamily(
+                "batchqueue_provider_errors", "Provider worker crashes and errors", labels=labels
+            ),
+            "disk_errors": CounterMetricFamily(
+                "batchqueue_disk_errors",
+                "Writes that failed for lack of space or permission",
+                labels=labels,
+            ),
         }
         for name, runtime in self._datasets.items():
             up.add_metric([name], 1.0 if runtime.state == "serving" else 0.0)
@@ -91,7 +119,9 @@ class MetricsServer:
             self._server = await asyncio.start_unix_server(self._handle, path=listen.unix_path)
             self.address = f"unix:{listen.unix_path}"
         else:
-            self._server = await asyncio.start_server(self._handle, host=listen.host, port=listen.port)
+            self._server = await asyncio.start_server(
+                self._handle, host=listen.host, port=listen.port
+            )
             port = self._server.sockets[0].getsockname()[1]
             self.address = f"{listen.host}:{port}"
         return self.address
@@ -111,13 +141,20 @@ class MetricsServer:
             parts = line.decode("latin-1").split()
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
             if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
-                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET /metrics or /healthz\n"
+                status, ctype, body = (
+                    "405 Method Not Allowed",
+                    "text/plain",
+                    b"GET /metrics or /healthz\n",
+                )
             elif path == "/metrics":
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
             elif path == "/healthz":
                 bad = sorted(n for n, rt in self._datasets.items() if rt.state != "serving")
                 status = "200 OK" if not bad else "503 Service Unavailable"
-                ctype, body = "text/plain", (b"SERVING\n" if not bad else f"NOT_SERVING: {', '.join(bad)}\n".encode())
+                ctype, body = (
+                    "text/plain",
+                    (b"SERVING\n" if not bad else f"NOT_SERVING: {', '.join(bad)}\n".encode()),
+                )
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"GET /metrics or /healthz\n"
             head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"

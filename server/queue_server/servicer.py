@@ -44,7 +44,14 @@ def _translate(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T
 
 
 class BatchQueueServicer(pb_grpc.BatchQueueServicer):
-    def __init__(self, datasets: dict[str, DatasetRuntime], data_root: str, lease_ttl_s: float, acquire_wait_s: float, metrics: MetricsServer | None = None) -> None:
+    def __init__(
+        self,
+        datasets: dict[str, DatasetRuntime],
+        data_root: str,
+        lease_ttl_s: float,
+        acquire_wait_s: float,
+        metrics: MetricsServer | None = None,
+    ) -> None:
         self._metrics = metrics
         self._datasets = datasets
         self._data_root = data_root
@@ -55,10 +62,14 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         check_dataset_name(name)
         runtime = self._datasets.get(name)
         if runtime is None:
-            raise errors.UnknownDataset(f"dataset {name!r} is not served here; served: {sorted(self._datasets)}")
+            raise errors.UnknownDataset(
+                f"dataset {name!r} is not served here; served: {sorted(self._datasets)}"
+            )
         if not runtime.ready.is_set():
             try:
-                await asyncio.wait_for(runtime.ready.wait(), self._wait_s if wait_s is None else wait_s)
+                await asyncio.wait_for(
+                    runtime.ready.wait(), self._wait_s if wait_s is None else wait_s
+                )
             except asyncio.TimeoutError:
                 raise errors.ServerUnavailable(f"dataset {name!r} is still starting") from None
         runtime.check_serving()
@@ -74,10 +85,14 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             for queue in runtime.splits.values():
                 if lease_id in queue.leases:
                     return queue
-        raise errors.UnknownLease(f"lease {lease_id!r} is not held (expired, released, or the server restarted)")
+        raise errors.UnknownLease(
+            f"lease {lease_id!r} is not held (expired, released, or the server restarted)"
+        )
 
     @_translate
-    async def ListDatasets(self, request: pb.ListDatasetsRequest, context: Any) -> pb.ListDatasetsResponse:
+    async def ListDatasets(
+        self, request: pb.ListDatasetsRequest, context: Any
+    ) -> pb.ListDatasetsResponse:
         return pb.ListDatasetsResponse(datasets=sorted(self._datasets))
 
     @_translate
@@ -103,7 +118,10 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             dataset=runtime.name,
             split=request.split,
             batch_size=runtime.config.batch_size,
-            fields=[pb.FieldSpec(name=f.name, dtype=f.dtype, shape=list(f.shape), role=f.role) for f in schema],
+            fields=[
+                pb.FieldSpec(name=f.name, dtype=f.dtype, shape=list(f.shape), role=f.role)
+                for f in schema
+            ],
         )
 
     @_translate
@@ -111,7 +129,9 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         check_dataset_name(request.dataset)
         runtime = self._datasets.get(request.dataset)
         if runtime is None:
-            raise errors.UnknownDataset(f"dataset {request.dataset!r} is not served here; served: {sorted(self._datasets)}")
+            raise errors.UnknownDataset(
+                f"dataset {request.dataset!r} is not served here; served: {sorted(self._datasets)}"
+            )
         splits = []
         for name in sorted(runtime.splits):
             snap = runtime.splits[name].snapshot()
@@ -138,10 +158,20 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
                     seqs_consumed=snap.seqs_consumed,
                     seqs_quarantined=snap.seqs_quarantined,
                     seqs_missing=snap.seqs_missing,
-                    ranks=[pb.RankStats(rank=r.rank, last_consumed_seq=r.last_consumed_seq, files_leased=r.files_leased, lag_files=r.lag_files) for r in snap.ranks],
+                    ranks=[
+                        pb.RankStats(
+                            rank=r.rank,
+                            last_consumed_seq=r.last_consumed_seq,
+                            files_leased=r.files_leased,
+                            lag_files=r.lag_files,
+                        )
+                        for r in snap.ranks
+                    ],
                 )
             )
-        return pb.GetStatsResponse(dataset=runtime.name, state=runtime.state, last_error=runtime.last_error, splits=splits)
+        return pb.GetStatsResponse(
+            dataset=runtime.name, state=runtime.state, last_error=runtime.last_error, splits=splits
+        )
 
     @_translate
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context: Any) -> pb.Lease:
@@ -154,7 +184,9 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         queue = self._queue(runtime, request.split)
         world_size = request.world_size or 1
         seq = request.seq if request.HasField("seq") else None
-        lease, entry = await queue.acquire(request.rank, world_size, request.client_id, seq, wait_s, request.carried)
+        lease, entry = await queue.acquire(
+            request.rank, world_size, request.client_id, seq, wait_s, request.carried
+        )
         return pb.Lease(
             lease_id=lease.lease_id,
             dataset=runtime.name,
@@ -171,9 +203,13 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         )
 
     @_translate
-    async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: Any) -> pb.ReleaseLeaseResponse:
+    async def ReleaseLease(
+        self, request: pb.ReleaseLeaseRequest, context: Any
+    ) -> pb.ReleaseLeaseResponse:
         queue = self._find_lease(request.lease_id)
-        queue.release(request.lease_id, request.client_id, int(request.outcome), request.reason[:2000])
+        queue.release(
+            request.lease_id, request.client_id, int(request.outcome), request.reason[:2000]
+        )
         if self._metrics is not None and request.outcome == pb.CONSUMED and request.waited_s >= 0:
             self._metrics.observe_wait(queue.config.name, queue.split, request.waited_s)
         return pb.ReleaseLeaseResponse()
@@ -182,9 +218,13 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         return pb.PingResponse(payload=request.payload)
 
     @_translate
-    async def RenewLeases(self, request: pb.RenewLeasesRequest, context: Any) -> pb.RenewLeasesResponse:
+    async def RenewLeases(
+        self, request: pb.RenewLeasesRequest, context: Any
+    ) -> pb.RenewLeasesResponse:
         if len(request.lease_ids) > 10_000:
-            raise errors.InvalidRequest(f"{len(request.lease_ids)} lease ids in one call; at most 10000")
+            raise errors.InvalidRequest(
+                f"{len(request.lease_ids)} lease ids in one call; at most 10000"
+            )
         lost = []
         for lease_id in request.lease_ids:
             try:

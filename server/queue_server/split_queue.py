@@ -197,10 +197,15 @@ class SplitQueue:
         reply = await worker.start()
         self._stateful = bool(reply.get("stateful", False))
         state = None
-        last = max((s for s in self._offsets if s % self._n == w and s < self._next_forward[w]), default=None)
+        last = max(
+            (s for s in self._offsets if s % self._n == w and s < self._next_forward[w]),
+            default=None,
+        )
         if self._stateful and last is not None:
             _, state = await asyncio.to_thread(self.journal.read_states, self._offsets[last])
-        await worker.call({"op": "set_meta", "meta_json": self._meta_json, "split": self.split, "state": state})
+        await worker.call(
+            {"op": "set_meta", "meta_json": self._meta_json, "split": self.split, "state": state}
+        )
         self._workers[w] = worker
 
     async def close(self) -> None:
@@ -252,7 +257,15 @@ class SplitQueue:
         self._last_acquired.clear()
         self._last_consumed.clear()
 
-    async def acquire(self, rank: int, world_size: int, client_id: str, seq: int | None, wait_s: float, carried: bool = False) -> tuple[Lease, FileEntry]:
+    async def acquire(
+        self,
+        rank: int,
+        world_size: int,
+        client_id: str,
+        seq: int | None,
+        wait_s: float,
+        carried: bool = False,
+    ) -> tuple[Lease, FileEntry]:
         self._check_serving()
         if world_size < 1 or not 0 <= rank < world_size:
             raise errors.InvalidRequest(f"rank {rank} is outside [0, world_size={world_size})")
@@ -271,7 +284,9 @@ class SplitQueue:
             )
         if seq % world_size == rank:
             prev = self._last_acquired.get(rank)
-            self._last_acquired[rank] = seq if prev is None or seq > prev or seq < prev - world_size else prev
+            self._last_acquired[rank] = (
+                seq if prev is None or seq > prev or seq < prev - world_size else prev
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
@@ -281,7 +296,14 @@ class SplitQueue:
                 if entry.lease is not None and entry.lease.client_id != client_id:
                     # The same rank from a new client process: a restart after a crash. The
                     # newest claimant owns the rank's stream; the old lease is revoked.
-                    log.warning("%s/%s seq %d: lease of client %s taken over by %s", self.config.name, self.split, seq, entry.lease.client_id, client_id)
+                    log.warning(
+                        "%s/%s seq %d: lease of client %s taken over by %s",
+                        self.config.name,
+                        self.split,
+                        seq,
+                        entry.lease.client_id,
+                        client_id,
+                    )
                     self._drop_lease(entry.lease)
                 return self._grant(entry, rank, client_id), entry
             self._want(seq)
@@ -292,7 +314,9 @@ class SplitQueue:
                 )
             await self.changed.wait(remaining)
 
-    async def _acquire_any(self, rank: int, client_id: str, wait_s: float) -> tuple[Lease, FileEntry]:
+    async def _acquire_any(
+        self, rank: int, client_id: str, wait_s: float
+    ) -> tuple[Lease, FileEntry]:
         """Best effort: the lowest ready seq, unless this rank is max_lead files ahead."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
@@ -347,18 +371,26 @@ class SplitQueue:
     def release(self, lease_id: str, client_id: str, outcome: int, reason: str) -> None:
         lease = self.leases.get(lease_id)
         if lease is None:
-            raise errors.UnknownLease(f"lease {lease_id!r} of {self.config.name}/{self.split} is not held (expired, released, or the server restarted)")
+            raise errors.UnknownLease(
+                f"lease {lease_id!r} of {self.config.name}/{self.split} is not held (expired, released, or the server restarted)"
+            )
         if lease.client_id != client_id:
-            raise errors.LeaseConflict(f"lease {lease_id!r} belongs to another client, not to {client_id!r}")
+            raise errors.LeaseConflict(
+                f"lease {lease_id!r} belongs to another client, not to {client_id!r}"
+            )
         if outcome not in (CONSUMED, RETURNED, CORRUPT):
-            raise errors.InvalidRequest(f"release outcome {outcome} is not CONSUMED, RETURNED or CORRUPT")
+            raise errors.InvalidRequest(
+                f"release outcome {outcome} is not CONSUMED, RETURNED or CORRUPT"
+            )
         self._drop_lease(lease)
         entry = self.files[lease.seq]
         if outcome == CONSUMED:
             del self.files[lease.seq]
             self._consumed.add(lease.seq)
             self.counters.consumed_files += 1
-            self._last_consumed[lease.rank] = max(lease.seq, self._last_consumed.get(lease.rank, -1))
+            self._last_consumed[lease.rank] = max(
+                lease.seq, self._last_consumed.get(lease.rank, -1)
+            )
             self._consumed_by_rank[lease.rank] = self._consumed_by_rank.get(lease.rank, 0) + 1
             self.journal.append({"e": "c", "seq": lease.seq, "ws": lease.world_size})
             self._spawn(asyncio.to_thread((self.dir / entry.name).unlink, True))
@@ -394,7 +426,13 @@ class SplitQueue:
             for lease in expired:
                 self._drop_lease(lease)
                 self.counters.leases_expired += 1
-                log.info("%s/%s seq %d: lease of client %s expired", self.config.name, self.split, lease.seq, lease.client_id)
+                log.info(
+                    "%s/%s seq %d: lease of client %s expired",
+                    self.config.name,
+                    self.split,
+                    lease.seq,
+                    lease.client_id,
+                )
             if expired:
                 self.changed.notify()
                 self._kick()
@@ -416,7 +454,10 @@ class SplitQueue:
 
     def _in_window(self, seq: int) -> bool:
         if self.config.mode == "best_effort":
-            return sum(1 for e in self.files.values() if e.lease is None) + len(self._in_production) < self.config.max_backlog_files * self.world_size
+            return (
+                sum(1 for e in self.files.values() if e.lease is None) + len(self._in_production)
+                < self.config.max_backlog_files * self.world_size
+            )
         w = self.world_size
         return seq < self._frontier(seq % w) + w * (self.config.max_backlog_files + 2)
 
@@ -457,7 +498,11 @@ class SplitQueue:
             seq = self._next_forward[w]
             if not self._in_window(seq):
                 return None
-            if self.config.mode == "deterministic" and not self._stateful and seq < self._frontier(seq % self.world_size):
+            if (
+                self.config.mode == "deterministic"
+                and not self._stateful
+                and seq < self._frontier(seq % self.world_size)
+            ):
                 # Every rank is past this seq (a resume further on): a stateless provider can
                 # make it later if asked, so skip it rather than fill the disk.
                 self._next_forward[w] += self._n
@@ -490,7 +535,9 @@ class SplitQueue:
                 if offset is not None and self._stateful:
                     state, _ = await asyncio.to_thread(self.journal.read_states, offset)
             assert worker is not None
-            reply = await worker.call({"op": "produce", "split": self.split, "seq": seq, "state": state})
+            reply = await worker.call(
+                {"op": "produce", "split": self.split, "seq": seq, "state": state}
+            )
         except WorkerError as exc:
             self._in_production.discard(seq)
             if reproduce:
@@ -519,7 +566,17 @@ class SplitQueue:
         if not reproduce:
             self._next_forward[w] = max(self._next_forward[w], seq + self._n)
         was_known = seq in self._offsets
-        record = {"e": "p", "seq": seq, "name": reply["name"], "bytes": reply["bytes"], "crc": reply["crc"], "w": w, "fwd": not reproduce, "before": reply.get("before") or {}, "after": reply.get("after") or {}}
+        record = {
+            "e": "p",
+            "seq": seq,
+            "name": reply["name"],
+            "bytes": reply["bytes"],
+            "crc": reply["crc"],
+            "w": w,
+            "fwd": not reproduce,
+            "before": reply.get("before") or {},
+            "after": reply.get("after") or {},
+        }
         self._offsets[seq] = self.journal.append(record)
         if was_known or reproduce:
             self.counters.reproduced_files += 1
@@ -530,7 +587,14 @@ class SplitQueue:
         self._quarantined.discard(seq)
         self.files[seq] = FileEntry(seq, reply["name"], reply["bytes"], reply["crc"])
         if self.verbose:
-            log.info("%s/%s produced seq %d (%s, %d bytes)", self.config.name, self.split, seq, reply["name"], reply["bytes"])
+            log.info(
+                "%s/%s produced seq %d (%s, %d bytes)",
+                self.config.name,
+                self.split,
+                seq,
+                reply["name"],
+                reply["bytes"],
+            )
         self.changed.notify()
         self._kick()
 
@@ -550,7 +614,14 @@ class SplitQueue:
         loop = asyncio.get_running_loop()
         self._disk_backoff_until = loop.time() + delay
         self.last_disk_error = message
-        log.warning("%s/%s: cannot write seq %d (%s); retrying in %.1fs", self.config.name, self.split, seq, message, delay)
+        log.warning(
+            "%s/%s: cannot write seq %d (%s); retrying in %.1fs",
+            self.config.name,
+            self.split,
+            seq,
+            message,
+            delay,
+        )
         loop.call_later(delay, self._kick)
 
     async def _worker_failed(self, w: int, message: str, restart: bool) -> None:
@@ -558,7 +629,9 @@ class SplitQueue:
         self.last_error = message
         log.error("%s/%s worker %d failed: %s", self.config.name, self.split, w, message)
         if self._failures > self.config.max_worker_restarts:
-            self._on_fatal(f"worker {w} of split {self.split!r} failed {self._failures} times in a row; last error: {message}")
+            self._on_fatal(
+                f"worker {w} of split {self.split!r} failed {self._failures} times in a row; last error: {message}"
+            )
             return
         old = self._workers[w]
         self._workers[w] = None
@@ -614,4 +687,3 @@ class SplitQueue:
             "seqs_quarantined": len(quarantined),
             "seqs_missing": len(missing),
         }
-

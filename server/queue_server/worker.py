@@ -113,4 +113,11 @@ def _serve(requests: Any, replies: Any) -> None:
         except Exception as exc:  # reported to the server, which decides to retry or fail
             if os.environ.get("BATCHQUEUE_WORKER_TRACEBACK"):
                 traceback.print_exc()
-            reply({"ok": False, "error": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__, "errno": getattr(exc, "errno", None) or 0})
+            reply(
+                {
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "kind": type(exc).__name__,
+                    "errno": getattr(exc, "errno", None) or 0,
+                }
+            )

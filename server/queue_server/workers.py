@@ -65,13 +65,17 @@ class WorkerProcess:
         from queue_server.worker import run_over_socket
 
         parent, child = socket.socketpair()
-        proc = _forkserver().Process(target=run_over_socket, args=(child, str(self._cwd)), name=self.label, daemon=True)
+        proc = _forkserver().Process(
+            target=run_over_socket, args=(child, str(self._cwd)), name=self.label, daemon=True
+        )
         try:
             await asyncio.to_thread(proc.start)
         finally:
             child.close()
         self._proc = proc
-        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=_LINE_LIMIT)
+        self._reader, self._writer = await asyncio.open_unix_connection(
+            sock=parent, limit=_LINE_LIMIT
+        )
         self.init_reply = await self.call({"op": "init", **self._init})
         return self.init_reply
 
@@ -90,7 +94,9 @@ class WorkerProcess:
             raise WorkerDied(f"{self.label} (pid {self.pid}) exited with code {code}")
         reply = json.loads(line)
         if not reply.get("ok"):
-            raise WorkerError(reply.get("error", "unknown error"), reply.get("errno") or 0, reply.get("kind", ""))
+            raise WorkerError(
+                reply.get("error", "unknown error"), reply.get("errno") or 0, reply.get("kind", "")
+            )
         return reply
 
     async def _exit_code(self) -> int | None:

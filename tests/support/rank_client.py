@@ -31,7 +31,13 @@ def main() -> None:
     split = spec.get("split", "train")
     clients = []
     for job in spec["jobs"]:
-        client = QueueClient(spec["address"], job["dataset"], rank=spec["rank"], world_size=spec["world_size"], timeout_s=60)
+        client = QueueClient(
+            spec["address"],
+            job["dataset"],
+            rank=spec["rank"],
+            world_size=spec["world_size"],
+            timeout_s=60,
+        )
         clients.append(client)
         if job.get("state_in"):
             client.load_state_dict(json.load(open(job["state_in"])))
@@ -41,7 +47,12 @@ def main() -> None:
                 batch = client.get_batch(split)
                 if pos is None:  # the first batch of a fresh stream
                     pos = {"seq": spec["rank"], "offset": 0}
-                out.write(json.dumps({"seq": pos["seq"], "offset": pos["offset"], "hash": batch_hash(batch)}) + "\n")
+                out.write(
+                    json.dumps(
+                        {"seq": pos["seq"], "offset": pos["offset"], "hash": batch_hash(batch)}
+                    )
+                    + "\n"
+                )
         if job.get("state_out"):
             with open(job["state_out"] + ".tmp", "w") as f:
                 json.dump(client.state_dict(), f)

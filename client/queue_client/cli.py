@@ -1,0 +1,402 @@
+"""`queue-client`: look at a running batchqueue server from a terminal or a script.
+
+    queue-client stats [DATASET...] [--watch] [--interval S] [--json]
+    queue-client meta NAME [--json]
+    queue-client schema NAME [--split S] [--json]
+
+The address is --address, else $BATCHQUEUE_ADDRESS, else 127.0.0.1:50051; the auth token is
+--token, else $BATCHQUEUE_TOKEN. Rates (files/s produced and consumed) are the difference of
+two GetStats snapshots taken --interval seconds apart. With --json the output is JSON (one
+document; one line per refresh with --watch) for scripts. `rich` is imported only to draw the
+terminal view, so importing queue_client stays light and --json needs no rich at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from queue_client import errors
+from queue_client.meta import meta_from_json
+from queue_client.rpc import Rpc
+from queue_client.wire import batchqueue_pb2 as pb
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+ADDRESS_ENV = "BATCHQUEUE_ADDRESS"
+# A GetMeta or GetSchema on a dataset that is still starting waits server-side (10 s by default).
+_CALL_TIMEOUT_S = 30.0
+
+
+# ---- the data: plain dicts, the same for --json and for the terminal view ---------------------
+def message_to_plain(message: Any) -> dict[str, Any]:
+    """A protobuf message as a dict with every field, int64 as int (MessageToDict gives str)."""
+    out: dict[str, Any] = {}
+    for fd in message.DESCRIPTOR.fields:
+        value = getattr(message, fd.name)
+        is_message = fd.message_type is not None
+        if fd.is_repeated:
+            out[fd.name] = [message_to_plain(v) if is_message else v for v in value]
+        elif is_message:
+            out[fd.name] = message_to_plain(value) if message.HasField(fd.name) else None
+        elif fd.enum_type is not None:
+            out[fd.name] = fd.enum_type.values_by_number[value].name
+        else:
+            out[fd.name] = value
+    return out
+
+
+def _rate(after: int, before: int | None, dt: float | None) -> float | None:
+    if before is None or not dt or dt <= 0:
+        return None
+    return max(0, after - before) / dt  # a restarted server resets its counters: no negative rates
+
+
+def stats_doc(
+    address: str,
+    after: dict[str, pb.GetStatsResponse],
+    before: dict[str, pb.GetStatsResponse] | None,
+    dt: float | None,
+) -> dict[str, Any]:
+    """The stats view: each dataset's splits with backlog, rates and per-rank leases and lag.
+
+    `backlog_files` is the split's ready files; `backlog_limit` is max_backlog_files for each
+    rank of the split's world (production pauses there). Rates are None without a previous
+    snapshot.
+    """
+    datasets = []
+    for name, reply in after.items():
+        prev_splits = {s.split: s for s in before[name].splits} if before and name in before else {}
+        splits = []
+        for s in reply.splits:
+            prev = prev_splits.get(s.split)
+            row = message_to_plain(s)
+            row["backlog_files"] = s.ready_files
+            row["backlog_limit"] = s.max_backlog_files * max(1, s.world_size)
+            row["produced_per_s"] = _rate(
+                s.produced_files, prev.produced_files if prev else None, dt
+            )
+            row["consumed_per_s"] = _rate(
+                s.consumed_files, prev.consumed_files if prev else None, dt
+            )
+            splits.append(row)
+        datasets.append(
+            {
+                "dataset": name,
+                "state": reply.state,
+                "last_error": reply.last_error,
+                "splits": splits,
+            }
+        )
+    return {"address": address, "interval_s": dt, "datasets": datasets}
+
+
+def _jsonable(value: Any) -> Any:
+    """meta may hold int or tuple dict keys (itos); JSON objects only have string keys."""
+    if isinstance(value, dict):
+        return {
+            k if isinstance(k, str) else json.dumps(_jsonable(k)): _jsonable(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# ---- calls ------------------------------------------------------------------------------------
+class Session:
+    """The RPCs the commands make, on one channel."""
+
+    def __init__(self, address: str, token: str | None, timeout_s: float) -> None:
+        self.address = address
+        self._rpc = Rpc(address, auth_token=token, reconnect_timeout_s=timeout_s)
+
+    def datasets(self, names: Sequence[str]) -> list[str]:
+        if names:
+            return list(names)
+        return list(
+            self._rpc.call(
+                "ListDatasets", pb.ListDatasetsRequest(), timeout_s=_CALL_TIMEOUT_S
+            ).datasets
+        )
+
+    def snapshot(self, names: Sequence[str]) -> dict[str, pb.GetStatsResponse]:
+        return {
+            n: self._rpc.call("GetStats", pb.GetStatsRequest(dataset=n), timeout_s=_CALL_TIMEOUT_S)
+            for n in names
+        }
+
+    def meta(self, name: str) -> pb.GetMetaResponse:
+        return self._rpc.call("GetMeta", pb.GetMetaRequest(dataset=name), timeout_s=_CALL_TIMEOUT_S)
+
+    def schema(self, name: str, split: str) -> pb.GetSchemaResponse:
+        return self._rpc.call(
+            "GetSchema", pb.GetSchemaRequest(dataset=name, split=split), timeout_s=_CALL_TIMEOUT_S
+        )
+
+    def close(self) -> None:
+        self._rpc.close()
+
+
+def stats_frames(
+    session: Session,
+    names: Sequence[str],
+    interval_s: float,
+    count: int | None,
+    before: dict[str, pb.GetStatsResponse] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Stats documents: one per interval, rates measured over it; `count` None runs forever."""
+    before = session.snapshot(names) if before is None else before
+    t0 = time.monotonic()
+    done = 0
+    while count is None or done < count:
+        # The measurement window of the rates, not a wait for some condition.
+        time.sleep(interval_s)
+        after = session.snapshot(names)
+        t1 = time.monotonic()
+        yield stats_doc(session.address, after, before, t1 - t0)
+        before, t0 = after, t1
+        done += 1
+
+
+# ---- commands ---------------------------------------------------------------------------------
+def cmd_stats(session: Session, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    if args.interval < 0 or (args.watch and args.interval == 0):
+        raise errors.InvalidRequest(
+            f"--interval {args.interval} must be > 0 (or 0 without --watch)"
+        )
+    if args.count is not None and args.count < 1:
+        raise errors.InvalidRequest(f"--count {args.count} must be >= 1")
+    names = session.datasets(args.datasets)
+    if not args.watch:
+        if args.interval == 0:
+            doc = stats_doc(session.address, session.snapshot(names), None, None)
+        else:
+            doc = next(stats_frames(session, names, args.interval, 1))
+        if args.json:
+            out(json.dumps(doc, indent=2))
+        else:
+            _console().print(_render_stats(doc))
+        return 0
+    if args.json:
+        for doc in stats_frames(session, names, args.interval, args.count):
+            out(json.dumps(doc))
+        return 0
+    from rich.live import Live
+
+    first = session.snapshot(names)
+    view = _render_stats(stats_doc(session.address, first, None, None))
+    with Live(view, console=_console(), auto_refresh=False) as live:
+        for doc in stats_frames(session, names, args.interval, args.count, first):
+            live.update(_render_stats(doc), refresh=True)
+    return 0
+
+
+def meta_doc(reply: pb.GetMetaResponse) -> dict[str, Any]:
+    doc = message_to_plain(reply)
+    doc["meta"] = _jsonable(meta_from_json(doc.pop("meta_json")))
+    return doc
+
+
+def cmd_meta(session: Session, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    doc = meta_doc(session.meta(args.name))
+    if args.json:
+        out(json.dumps(doc, indent=2))
+    else:
+        _console().print(_render_meta(doc))
+    return 0
+
+
+def cmd_schema(session: Session, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    splits = [args.split] if args.split else list(session.meta(args.name).splits)
+    doc: dict[str, Any] = {"dataset": args.name, "splits": {}}
+    for split in splits:
+        reply = message_to_plain(session.schema(args.name, split))
+        doc["splits"][split] = {"batch_size": reply["batch_size"], "fields": reply["fields"]}
+    if args.json:
+        out(json.dumps(doc, indent=2))
+    else:
+        _console().print(_render_schema(doc))
+    return 0
+
+
+# ---- the terminal view (rich, imported here only) ---------------------------------------------
+def _console() -> Any:
+    try:
+        from rich.console import Console
+    except ImportError:
+        raise errors.BatchQueueError(
+            "the terminal view needs rich (pip install rich); --json works without it"
+        ) from None
+    return Console()
+
+
+def _rate_text(value: float | None) -> str:
+    return "(-/s)" if value is None else f"({value:.1f}/s)"
+
+
+def _bar(value: int, limit: int, width: int = 8) -> str:
+    filled = min(width, round(width * value / limit)) if limit > 0 else 0
+    return f"{value}/{limit} " + "█" * filled + "░" * (width - filled)
+
+
+def _render_stats(doc: dict[str, Any]) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = [Text(f"batchqueue at {doc['address']}", style="bold")]
+    for ds in doc["datasets"]:
+        state_style = {"serving": "green", "starting": "yellow"}.get(ds["state"], "red")
+        splits = Table(
+            title=Text.assemble(ds["dataset"], " ", (ds["state"], state_style)),
+            title_justify="left",
+        )
+        for col in ("split", "backlog", "produced", "consumed", "leased", "quarantined"):
+            splits.add_column(col, justify="left" if col in ("split", "backlog") else "right")
+        ranks = Table(title=f"{ds['dataset']}: ranks", title_justify="left")
+        for col in ("split", "rank", "leased", "lag (files)", "last consumed seq"):
+            ranks.add_column(col, justify="left" if col == "split" else "right")
+        notes = [ds["last_error"]]
+        for s in ds["splits"]:
+            splits.add_row(
+                s["split"], _bar(s["backlog_files"], s["backlog_limit"]), f"{s['produced_files']} {_rate_text(s['produced_per_s'])}",
+                f"{s['consumed_files']} {_rate_text(s['consumed_per_s'])}", str(s["leased_files"]), str(s["quarantined_files"]),
+            )  # fmt: skip
+            for r in s["ranks"]:
+                ranks.add_row(
+                    s["split"],
+                    str(r["rank"]),
+                    str(r["files_leased"]),
+                    str(r["lag_files"]),
+                    str(r["last_consumed_seq"]),
+                )
+            if s["worker_restarts"]:
+                notes.append(f"{s['split']}: {s['worker_restarts']} worker restart(s)")
+            if s["last_disk_error"]:
+                notes.append(f"{s['split']}: {s['last_disk_error']}")
+        parts += [splits, ranks]
+        parts += [Text(note, style="red") for note in notes if note]
+    return Group(*parts)
+
+
+def _short(value: Any, limit: int = 100) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _render_meta(doc: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"{doc['dataset']}: meta", title_justify="left", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in doc.items():
+        if key != "meta":
+            table.add_row(key, _short(value))
+    for key, value in sorted(doc["meta"].items()):
+        table.add_row(f"meta.{key}", _short(value))
+    return table
+
+
+def _render_schema(doc: dict[str, Any]) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    tables = []
+    for split, info in doc["splits"].items():
+        table = Table(
+            title=f"{doc['dataset']}/{split}: batches of {info['batch_size']}", title_justify="left"
+        )
+        for col in ("field", "dtype", "shape (one sample)", "role"):
+            table.add_column(col)
+        for f in info["fields"]:
+            table.add_row(f["name"], f["dtype"], str(tuple(f["shape"])), f["role"])
+        tables.append(table)
+    return Group(*tables)
+
+
+# ---- entry point ------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    # --address and friends are accepted before or after the subcommand.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--address",
+        default=argparse.SUPPRESS,
+        help=f"HOST:PORT or unix:PATH (default ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
+    )
+    common.add_argument(
+        "--token", default=argparse.SUPPRESS, help="auth token (default $BATCHQUEUE_TOKEN)"
+    )
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="seconds to keep trying an unreachable server (default 5)",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print JSON for scripts instead of tables",
+    )
+    p = argparse.ArgumentParser(
+        prog="queue-client",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    stats = sub.add_parser(
+        "stats", parents=[common], help="backlog, rates, leases and lag per dataset, split and rank"
+    )
+    stats.add_argument(
+        "datasets", nargs="*", metavar="DATASET", help="datasets to show (default: all served)"
+    )
+    stats.add_argument(
+        "--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C"
+    )
+    stats.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between the two snapshots that give rates (default 1; 0: no rates)",
+    )
+    stats.add_argument(
+        "--count", type=int, default=None, help="with --watch: stop after this many refreshes"
+    )
+    meta = sub.add_parser("meta", parents=[common], help="a dataset's meta and serving parameters")
+    meta.add_argument("name", metavar="NAME")
+    schema = sub.add_parser(
+        "schema", parents=[common], help="the fields of a dataset's batches, per split"
+    )
+    schema.add_argument("name", metavar="NAME")
+    schema.add_argument("--split", help="one split (default: every split)")
+    return p
+
+
+_COMMANDS = {"stats": cmd_stats, "meta": cmd_meta, "schema": cmd_schema}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    address = getattr(args, "address", None) or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+    args.json = getattr(args, "json", False)
+    session = Session(address, getattr(args, "token", None), getattr(args, "timeout", 5.0))
+    try:
+        return _COMMANDS[args.command](session, args, lambda text: print(text, flush=True))
+    except errors.BatchQueueError as exc:
+        print(f"queue-client {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130 if not (args.command == "stats" and args.watch) else 0
+    finally:
+        session.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
