@@ -196,3 +196,12 @@ def test_acquire_is_idempotent_per_client(start_server, corpus: Path) -> None:
         )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert not (server.data_root / a.path).exists()
+
+
+def test_logs_are_quiet_by_default_and_one_line_per_file_with_v(start_server, corpus: Path) -> None:
+    quiet = start_server(char_config(corpus))
+    loud = start_server(char_config(corpus), args=("-v",), data_root=quiet.data_root.parent / "loud")
+    wait_until(lambda: quiet.split_stats("chars")["produced_files"] >= 4, what="production")
+    wait_until(lambda: loud.split_stats("chars")["produced_files"] >= 4, what="production")
+    assert "produced seq" not in quiet.log()
+    wait_until(lambda: loud.log().count("chars/train produced seq") >= 4, what="one log line per file")
