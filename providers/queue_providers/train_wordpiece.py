@@ -26,6 +26,7 @@ def train_wordpiece(
     out: str | os.PathLike[str],
     lowercase: bool = True,
     min_frequency: int = 2,
+    show_progress: bool = False,
 ) -> Path:
     """Train on `inputs` and write the tokenizer to `out`; returns `out`."""
     from tokenizers import trainers
@@ -43,7 +44,7 @@ def train_wordpiece(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         special_tokens=list(BERT_SPECIALS),
-        show_progress=False,
+        show_progress=show_progress,
     )
     tok.train([str(p) for p in paths], trainer)
     out = Path(out)
@@ -75,6 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-lowercase", dest="lowercase", action="store_false", help="keep case (cased BERT)"
     )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=sys.stderr.isatty(),
+        help="show a progress bar while training (default: when stderr is a terminal)",
+    )
     args = parser.parse_args(argv)
     try:
         out = train_wordpiece(
@@ -83,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out=args.out,
             lowercase=args.lowercase,
             min_frequency=args.min_frequency,
+            show_progress=args.progress,
         )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
