@@ -14,7 +14,7 @@ import torch
 from grpc_health.v1 import health_pb2
 
 from conftest import char_config, run_client_script, wait_until
-from queue_client import QueueClient
+from queue_client import QueueClient, SchemaMismatch
 from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 
@@ -205,3 +205,15 @@ def test_logs_are_quiet_by_default_and_one_line_per_file_with_v(start_server, co
     wait_until(lambda: loud.split_stats("chars")["produced_files"] >= 4, what="production")
     assert "produced seq" not in quiet.log()
     wait_until(lambda: loud.log().count("chars/train produced seq") >= 4, what="one log line per file")
+
+
+def test_get_batch_into_callers_buffers(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus))
+    with QueueClient(server.address, "chars") as a, QueueClient(server.address, "chars", rank=0) as b:
+        x_buf, y_buf = torch.empty(4, 16, dtype=torch.int64), torch.empty(4, 16, dtype=torch.int64)
+        for _ in range(7):
+            x, y = a.get_batch("train")
+            got = b.get_batch("train", out=(x_buf, y_buf))
+            assert got[0] is x_buf and torch.equal(x_buf, x) and torch.equal(y_buf, y)
+        with pytest.raises(SchemaMismatch, match="'x' must be a torch.int64 tensor of shape \\(4, 16\\)"):
+            b.get_batch("train", out=(torch.empty(4, 8, dtype=torch.int64), y_buf))

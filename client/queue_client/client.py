@@ -101,8 +101,12 @@ class QueueClient:
         self._renewer: threading.Thread | None = None
 
     # ---- what a training script calls -----------------------------------------------------
-    def get_batch(self, split: str) -> Batch:
+    def get_batch(self, split: str, out: Batch | None = None) -> Batch:
         """The next batch of `split`: (X, Y) for x/y schemas, else a dict of tensors.
+
+        With `out` (the same structure, tensors of the batch's shapes and dtypes, on this
+        client's device), the batch is copied into those tensors and `out` is returned: a
+        contiguous copy at memcpy speed, into memory the caller owns and reuses.
 
         Blocks while the queue is empty, up to timeout_s, then raises NoBatchReady naming the
         dataset, split and address.
@@ -110,10 +114,30 @@ class QueueClient:
         stream = self._streams.get(split)
         if stream is None:
             stream = self._open_stream(split)
+        if out is not None:
+            return self._copy_into(stream, out)
         out = self._transfer(stream.next_views())
         if stream.xy:
             return out[0], out[1]
         return dict(zip(stream.names, out, strict=True))
+
+    def _copy_into(self, stream: SplitStream, out: Batch) -> Batch:
+        targets = list(out) if isinstance(out, tuple) else [out.get(n) for n in stream.names]
+        if isinstance(out, tuple) != stream.xy or len(targets) != len(stream.names):
+            want = "an (X, Y) tuple" if stream.xy else f"a dict with {stream.names}"
+            raise errors.SchemaMismatch(f"out= must be {want} for split {stream.split!r}")
+        views = stream.next_views()
+        for name, target, view in zip(stream.names, targets, views, strict=True):
+            if (
+                not isinstance(target, torch.Tensor)
+                or target.shape != view.shape
+                or target.dtype != view.dtype
+            ):
+                raise errors.SchemaMismatch(
+                    f"out= field {name!r} must be a {view.dtype} tensor of shape {tuple(view.shape)}"
+                )
+        self._transfer.into(views, targets)
+        return out
 
     def schema(self, split: str) -> tuple[FieldSpec, ...]:
         self._check_split(split)
@@ -280,7 +304,14 @@ class QueueClient:
             request.lease_id = lease.lease_id
             self._rpc.call("ReleaseLease", request)
 
-    def release_later(self, ref: LeaseRef, outcome: int, waited_s: float = 0.0) -> None:
+    def release_later(
+        self, ref: LeaseRef, outcome: int, waited_s: float = 0.0, keep: object = None
+    ) -> None:
+        """Release in the background. `keep` (the finished file) rides along and is dropped
+        there, so unmapping it costs the trainer's thread nothing."""
+        held = [keep]
+        del keep
+
         def run() -> None:
             try:
                 self.release(ref, outcome, waited_s=waited_s)
@@ -288,6 +319,8 @@ class QueueClient:
                 log.warning(
                     "releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc
                 )
+            finally:
+                held.clear()
 
         self.executor.submit(run)
 

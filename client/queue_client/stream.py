@@ -1,7 +1,9 @@
 """One split's stream of batches for one rank: the file being read, and the next one coming.
 
-get_batch's steady state is `views = [t[i] for t in tensors]` on a memory-mapped file: no RPC,
-no syscall, no per-sample loop. At a file boundary the prefetched file (leased, verified and
+get_batch's steady state is `[b[i] for b in batches]`: tuple indexing into views of a
+memory-mapped file that the background thread made once per file (`unbind`). No RPC, no
+syscall, no per-sample loop, and no torch call, so the trainer never hands the GIL to the
+client's own threads in the middle of a step. At a file boundary the prefetched file (leased, verified and
 paged in by a background thread) takes over, the finished one is released in the background,
 and the prefetch of the one after starts.
 """
@@ -46,6 +48,8 @@ class LoadedFile:
     seq: int
     num_batches: int
     tensors: list[torch.Tensor]  # schema order, each [num_batches, batch_size, *shape]
+    batches: list[tuple[torch.Tensor, ...]]  # per field, the file's batches as views
+    batches: list[tuple[torch.Tensor, ...]]  # per field, the file's batches as views
     start: int = 0  # the first batch to serve: later than 0 when resuming mid-file
     waited_s: float = 0.0  # how long get_batch blocked for this file
 
@@ -67,7 +71,7 @@ class LeaseSource:
         self, ref: LeaseRef, outcome: int, reason: str = ""
     ) -> None: ...  # pragma: no cover
     def release_later(
-        self, ref: LeaseRef, outcome: int, waited_s: float = 0.0
+        self, ref: LeaseRef, outcome: int, waited_s: float = 0.0, keep: object = None
     ) -> None: ...  # pragma: no cover
 
 
@@ -97,7 +101,7 @@ class SplitStream:
         self._plan: deque[tuple[int, int]] = deque(plan.items if plan else ())
         self._next_seq: int | None = plan.next_seq if plan else None
         self.current: LoadedFile | None = None
-        self._tensors: list[torch.Tensor] = []
+        self._batches: list[tuple[torch.Tensor, ...]] = []
         self._num_batches = 0
         self.offset = 0
         self._pending: Future[LoadedFile] | None = None
@@ -110,7 +114,7 @@ class SplitStream:
             self._advance()
             i = self.offset
         self.offset = i + 1
-        return [t[i] for t in self._tensors]
+        return [b[i] for b in self._batches]
 
     # ---- file boundaries ------------------------------------------------------------------
     def _take(self) -> tuple[int | None, int, bool]:
@@ -130,9 +134,7 @@ class SplitStream:
 
     def _advance(self) -> None:
         old = self.current
-        if old is not None:
-            self.source.release_later(old.lease, CONSUMED, old.waited_s)
-            self.current = None
+        self.current = None
         pending = self._pending if self._pending is not None else self._submit()
         self._pending = None
         began = self._clock()
@@ -148,7 +150,11 @@ class SplitStream:
         waited = self._clock() - began
         loaded.waited_s = waited
         self.current = loaded
-        self._tensors = loaded.tensors
+        self._batches = loaded.batches
+        if old is not None:
+            # The release job holds the finished file last, so it is unmapped off this thread.
+            self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
+            del old
         self._num_batches = loaded.num_batches
         self.offset = min(loaded.start, loaded.num_batches)
         self._pending_item = None
@@ -213,7 +219,10 @@ class SplitStream:
             )
         check_tensors(self.schema, batch_file.tensors, (lease.num_batches, lease.batch_size))
         tensors = [batch_file.tensors[name] for name in self.names]
-        return LoadedFile(ref, lease.seq, lease.num_batches, tensors)
+        _prefault(tensors)
+        return LoadedFile(
+            ref, lease.seq, lease.num_batches, tensors, [t.unbind(0) for t in tensors]
+        )
 
     # ---- state and shutdown ---------------------------------------------------------------
     def plan(self) -> StreamPlan:
@@ -242,7 +251,16 @@ class SplitStream:
         cur, self.current = self.current, None
         if cur is not None:
             self.source.release(cur.lease, CONSUMED if self.offset >= cur.num_batches else RETURNED)
-        self._tensors, self._num_batches, self.offset = [], 0, 0
+        self._batches, self._num_batches, self.offset = [], 0, 0
+
+
+def _prefault(tensors: list[torch.Tensor]) -> None:
+    """Read one element per page of each mapped tensor, here in the prefetch thread, so the
+    trainer's first touch of a batch finds its pages mapped (no minor faults in get_batch)."""
+    for t in tensors:
+        flat = t.reshape(-1)
+        step = max(1, 4096 // max(1, t.element_size()))
+        flat[::step].to(torch.int64).sum()
 
 
 def _page_in(path: Path) -> None:

@@ -38,9 +38,18 @@ class Transfer:
             return [torch.empty(v.shape, dtype=v.dtype).copy_(v) for v in views]
         return list(views)
 
-    def _to_cuda(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def into(self, views: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        """Copy a batch into the caller's own tensors (on CPU, or on the device via staging)."""
+        if self._is_cuda:
+            for out, staged in zip(outs, self._stage(views), strict=True):
+                out.copy_(staged, non_blocking=True)
+            self._record()
+            return
+        for out, v in zip(outs, views, strict=True):
+            out.copy_(v)
+
+    def _stage(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         slot = self._slot
-        self._slot = 1 - slot
         staging = self._staging[slot]
         event = self._events[slot]
         if event is not None:
@@ -50,11 +59,17 @@ class Transfer:
         ):
             staging = [torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for v in views]
             self._staging[slot] = staging
-        out = []
         for buf, v in zip(staging, views, strict=True):
             buf.copy_(v)
-            out.append(buf.to(self.device, non_blocking=True))
+        return staging
+
+    def _record(self) -> None:
         event = torch.cuda.Event()
         event.record()
-        self._events[slot] = event
+        self._events[self._slot] = event
+        self._slot = 1 - self._slot
+
+    def _to_cuda(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        out = [buf.to(self.device, non_blocking=True) for buf in self._stage(views)]
+        self._record()
         return out

@@ -16,6 +16,7 @@ Errors come back as {"ok": false, "error": "...", "errno": n}; the process keeps
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -34,21 +35,34 @@ from queue_providers import DataProviderBase, ProviderContext, create
 def run_over_socket(sock: socket.socket, cwd: str) -> None:
     """The worker's entry point: serve requests on `sock` until it closes."""
     os.chdir(cwd)  # relative paths in provider args are relative to the config file
-    with sock, sock.makefile("rb") as requests, sock.makefile("wb") as replies:
+    requests, replies = sock.makefile("rb"), sock.makefile("wb")
+    try:
         _serve(requests, replies)
+    finally:
+        for stream in (requests, replies, sock):
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 def _serve(requests: Any, replies: Any) -> None:
     # One thread per worker: parallelism comes from worker processes, and more threads here
     # would fight the trainer for the same cores.
     torch.set_num_threads(1)
-    provider = None
-    root: Path | None = None
-    dataset = ""
 
     def reply(obj: dict[str, Any]) -> None:
         replies.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
         replies.flush()
+
+    try:
+        _loop(requests, reply)
+    except (BrokenPipeError, ConnectionResetError):
+        return  # the server is gone (stopped or killed): nobody to tell, exit quietly
+
+
+def _loop(requests: Any, reply: Any) -> None:
+    provider = None
+    root: Path | None = None
+    dataset = ""
 
     for line in requests:
         req = json.loads(line)

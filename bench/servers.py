@@ -1,0 +1,252 @@
+"""Queue servers the suite starts and stops itself: a config it writes, a port chosen by the
+kernel (or a unix socket in a short temp dir), a ready file, then SERVING on the health service.
+
+`loop="cli"` runs the real `queue-server` entry point (always uvloop); "uvloop" and "asyncio"
+run the same `create_server` under the named event loop (bench/loop_server.py), for row 4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.harness import memory_mb, wait_until
+from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+
+REPO = Path(__file__).resolve().parent.parent
+_START_TIMEOUT_S = 180.0
+
+
+def dataset_toml(
+    name: str,
+    *,
+    text: Path,
+    batch_size: int,
+    block_size: int,
+    batches_per_file: int = 100,
+    backlog: int = 2,
+    workers: int = 1,
+) -> str:
+    """A char_lm dataset over `text`: B random windows of T tokens per batch, as nanoGPT draws."""
+    return (
+        f"[datasets.{name}]\n"
+        'provider = "char_lm"\n'
+        f"batch_size = {batch_size}\n"
+        f"batches_per_file = {batches_per_file}\n"
+        f"max_backlog_files = {backlog}\n"
+        f"workers = {workers}\n"
+        f"[datasets.{name}.args]\n"
+        f"input = {json.dumps(str(text))}\n"
+        f"block_size = {block_size}\n"
+    )
+
+
+def server_toml(datasets: list[str]) -> str:
+    """The [server] table plus datasets. Metrics, where the server has them, bind a free port
+    so that several servers can run side by side."""
+    from queue_server.config import ServerConfig
+
+    lines = ["[server]", "lease_ttl_s = 60"]
+    if "metrics_listen" in {f.name for f in dataclasses.fields(ServerConfig)}:
+        lines.append('metrics_listen = "127.0.0.1:0"')
+    return "\n".join(lines) + "\n\n" + "\n".join(datasets)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    key: str
+    datasets: tuple[str, ...]  # dataset_toml() tables
+    transport: str = "tcp"  # or "unix"
+    loop: str = "cli"  # or "uvloop", "asyncio"
+
+    @property
+    def config(self) -> str:
+        return server_toml(list(self.datasets))
+
+
+def child_env() -> dict[str, str]:
+    """The environment for servers and helper processes: the repo root importable (for
+    bench.*), gRPC quiet, and no fork handlers (workers are fork+exec'd anyway)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("GRPC_VERBOSITY", "ERROR")
+    env.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    return env
+
+
+class Server:
+    """A running server process. Its log goes to a file in its own directory."""
+
+    def __init__(self, spec: ServerSpec, workdir: Path) -> None:
+        self.spec = spec
+        self.dir = workdir / f"server-{spec.key}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data_root = self.dir / "data"
+        config_path = self.dir / "config.toml"
+        config_path.write_text(spec.config, encoding="utf-8")
+        self.ready_file = self.dir / "ready.json"
+        # A socket path must stay short (108 bytes on Linux): its own dir in the system temp dir.
+        self._socket_dir = (
+            Path(tempfile.mkdtemp(prefix="bqs-")) if spec.transport == "unix" else None
+        )
+        listen = f"unix:{self._socket_dir / 's.sock'}" if self._socket_dir else "127.0.0.1:0"
+        if spec.loop == "cli":
+            cmd = [sys.executable, "-m", "queue_server"]
+        else:
+            cmd = [sys.executable, "-m", "bench.loop_server", "--loop", spec.loop]
+        cmd += [
+            "--config",
+            str(config_path),
+            "--data-root",
+            str(self.data_root),
+            "--listen",
+            listen,
+            "--ready-file",
+            str(self.ready_file),
+        ]
+        self.log_path = self.dir / "server.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=self.dir
+            )
+        self.address = ""
+        self.pid = self.proc.pid
+        self._channel: grpc.Channel | None = None
+
+    # ---- start -------------------------------------------------------------------------------
+    def wait_serving(self, timeout_s: float = _START_TIMEOUT_S) -> Server:
+        def bound() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server {self.spec.key} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            return self.ready_file.exists()
+
+        wait_until(bound, timeout_s, f"server {self.spec.key} to bind", poll_s=0.02)
+        self.address = json.loads(self.ready_file.read_text())["address"]
+        health = health_pb2_grpc.HealthStub(self.channel)
+
+        def serving() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server {self.spec.key} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+            except grpc.RpcError:
+                return False
+            return status == health_pb2.HealthCheckResponse.SERVING
+
+        wait_until(serving, timeout_s, f"server {self.spec.key} to serve", poll_s=0.05)
+        return self
+
+    # ---- looking inside ------------------------------------------------------------------------
+    @property
+    def channel(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.address)
+        return self._channel
+
+    @property
+    def stub(self) -> pb_grpc.BatchQueueStub:
+        return pb_grpc.BatchQueueStub(self.channel)
+
+    def split_stats(self, dataset: str, split: str = "train") -> dict[str, Any]:
+        reply = self.stub.GetStats(pb.GetStatsRequest(dataset=dataset), timeout=10)
+        for s in MessageToDict(
+            reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )["splits"]:
+            if s["split"] == split:
+                return {
+                    k: (int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v)
+                    for k, v in s.items()
+                }
+        raise KeyError(f"{dataset} has no split {split}")
+
+    def wait_ready_files(
+        self, dataset: str, count: int, split: str = "train", timeout_s: float = 120.0
+    ) -> None:
+        """Wait until `count` files wait unleased: the provider has filled its backlog and idles."""
+        wait_until(
+            lambda: self.split_stats(dataset, split)["ready_files"] >= count,
+            timeout_s,
+            f"{count} ready files of {dataset}/{split}",
+        )
+
+    def worker_pids(self, dataset: str) -> list[int]:
+        reply = self.stub.GetStats(pb.GetStatsRequest(dataset=dataset), timeout=10)
+        return [int(p) for s in reply.splits for p in s.worker_pids]
+
+    def memory(self) -> dict[str, float] | None:
+        return memory_mb(self.pid)
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    # ---- stop ----------------------------------------------------------------------------------
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=timeout_s)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def start_all(specs: list[ServerSpec], workdir: Path, *, merge: bool = False) -> dict[str, Server]:
+    """Start every server at once (their start-ups overlap), then wait for each to serve.
+
+    With `merge` (the smoke version, where nothing is timed for real), every spec that the
+    plain CLI can serve (TCP, uvloop) shares one server: fewer start-ups on a small machine.
+    Returns spec key -> server; stop each distinct server once (stop_all)."""
+    if merge:
+        shared = [s for s in specs if s.transport == "tcp" and s.loop in ("cli", "uvloop")]
+        if len(shared) > 1:
+            datasets = tuple(dict.fromkeys(d for s in shared for d in s.datasets))
+            merged = ServerSpec("shared", datasets)
+            specs = [merged] + [s for s in specs if s not in shared]
+            alias = {s.key: "shared" for s in shared}
+        else:
+            alias = {}
+    else:
+        alias = {}
+    servers = {s.key: Server(s, workdir) for s in specs}
+    began = time.monotonic()
+    try:
+        for server in servers.values():
+            server.wait_serving(max(10.0, _START_TIMEOUT_S - (time.monotonic() - began)))
+    except BaseException:
+        stop_all(servers)
+        raise
+    for key, target in alias.items():
+        servers[key] = servers[target]
+    return servers
+
+
+def stop_all(servers: dict[str, Server]) -> None:
+    for server in {id(s): s for s in servers.values()}.values():
+        server.stop()

@@ -1,0 +1,239 @@
+"""Rows 1 and 2: get_batch on CPU in steady state, beside nanoGPT's get_batch and a torch
+DataLoader (row 1) and beside memcpy of the same bytes (row 2), on the same token data.
+
+Each repeat measures, in a rotating order: batchqueue zero-copy (the rest of one file, after
+the prefetch of the next has finished and the provider idles) followed by memcpy of exactly
+those batches into preallocated tensors; batchqueue with copy=True; nanoGPT; the DataLoader.
+Figures are medians over repeats. The zero-copy and copy clients read separate datasets with
+the same config, because ranks of one dataset must advance in lockstep.
+
+"Steady in a file" excludes the file boundary, whose cost is row 3's subject; "amortised"
+reads many files back to back, so it is bound by how fast the provider writes files: row 5.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+from bench import baselines
+from bench.data import Tokens
+from bench.harness import Result, Settings, fmt, median
+from bench.servers import Server, ServerSpec, dataset_toml
+from bench.walker import FileWalker
+
+SHAPES = ((12, 1024), (64, 256))
+BACKLOG = 2
+DATALOADER_WORKERS = 2
+NANOGPT_GOAL, DATALOADER_GOAL, COPY_GOAL = 50.0, 100.0, 1.5
+
+
+def _shapes(settings: Settings) -> tuple[tuple[int, int], ...]:
+    return settings.pick(SHAPES, SHAPES[:1])  # the smoke version runs the code once
+
+
+def _dataset(b: int, t: int, copy: bool) -> str:
+    return f"steady_b{b}_t{t}{'_copy' if copy else ''}"
+
+
+def batches_per_file(settings: Settings) -> int:
+    return settings.pick(100, 8)
+
+
+def servers(settings: Settings, tokens: Tokens) -> list[ServerSpec]:
+    nb = batches_per_file(settings)
+    datasets = [
+        dataset_toml(
+            _dataset(b, t, copy),
+            text=tokens.text_path,
+            batch_size=b,
+            block_size=t,
+            batches_per_file=nb,
+            backlog=BACKLOG,
+        )
+        for b, t in _shapes(settings)
+        for copy in (False, True)
+    ]
+    return [ServerSpec("steady", tuple(datasets))]
+
+
+def _per_batch_us(ns: int, n: int) -> float:
+    return ns / max(n, 1) / 1e3
+
+
+def _memcpy_us(views: list, dx: torch.Tensor, dy: torch.Tensor) -> float:
+    began = time.perf_counter_ns()
+    for x, y in views:
+        dx.copy_(x)
+        dy.copy_(y)
+    return _per_batch_us(time.perf_counter_ns() - began, len(views))
+
+
+def _time_calls(fn: Callable[[], object], n: int) -> float:
+    began = time.perf_counter_ns()
+    for _ in range(n):
+        fn()
+    return _per_batch_us(time.perf_counter_ns() - began, n)
+
+
+def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Result]:
+    server = found["steady"]
+    loaders = {
+        shape: baselines.dataloader_batches(
+            tokens.train_bin, shape[0], shape[1], DATALOADER_WORKERS
+        )
+        for shape in _shapes(settings)
+    }
+    for it in loaders.values():  # start the workers and fill their queues before any timing
+        for _ in range(2 * DATALOADER_WORKERS + 2):
+            next(it)
+    results: list[Result] = []
+    for (b, t), loader in loaders.items():
+        results += _measure_shape(settings, tokens, server, b, t, loader)
+    return results
+
+
+def _measure_shape(
+    settings: Settings, tokens: Tokens, server: Server, b: int, t: int, loader: Iterator
+) -> list[Result]:
+    from queue_client import QueueClient
+
+    nb = batches_per_file(settings)
+    n_calls = settings.pick(100, 4)
+    files = settings.pick(10, 2)
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("zero", "copy", "into", "memcpy_cold", "memcpy", "nanogpt", "dataloader")
+    }
+    dx, dy = torch.empty(b, t, dtype=torch.int64), torch.empty(b, t, dtype=torch.int64)
+    ox, oy = torch.empty(b, t, dtype=torch.int64), torch.empty(b, t, dtype=torch.int64)
+    zero = QueueClient(server.address, _dataset(b, t, False), rank=0, world_size=1)
+    copy = QueueClient(server.address, _dataset(b, t, True), rank=0, world_size=1, copy=True)
+    try:
+        w0 = FileWalker(zero, "train", nb, server, _dataset(b, t, False), BACKLOG)
+        w1 = FileWalker(copy, "train", nb, server, _dataset(b, t, True), BACKLOG)
+
+        def zero_copy_then_memcpy() -> None:
+            w0.open_next()
+            w0.settle()
+            views: list = []
+            ns, n = w0.time_rest_of_file(keep=views)
+            samples["zero"].append(_per_batch_us(ns, n))
+            samples["memcpy_cold"].append(_memcpy_us(views, dx, dy))  # first touch of the map
+            samples["memcpy"].append(_memcpy_us(views, dx, dy))
+
+        def with_copy() -> None:
+            w1.open_next()
+            w1.settle()
+            samples["copy"].append(_per_batch_us(*w1.time_rest_of_file()))
+
+        def into_buffers() -> None:
+            w1.open_next()
+            w1.settle()
+            samples["into"].append(_per_batch_us(*w1.time_rest_of_file(out=(ox, oy))))
+
+        def nanogpt() -> None:
+            samples["nanogpt"].append(
+                _time_calls(lambda: baselines.nanogpt_get_batch(tokens.train_bin, b, t), n_calls)
+            )
+
+        def dataloader() -> None:
+            for _ in range(2 * DATALOADER_WORKERS):  # what the workers prepared while idle
+                next(loader)
+            samples["dataloader"].append(_time_calls(lambda: next(loader), n_calls))
+
+        units = [zero_copy_then_memcpy, with_copy, into_buffers, nanogpt, dataloader]
+        for r in range(settings.repeats):
+            for unit in units[r % len(units) :] + units[: r % len(units)]:
+                unit()
+        w0.time_files(BACKLOG + 1)  # drain what the provider made ahead while idle
+        amortised = _per_batch_us(*w0.time_files(files))
+    finally:
+        zero.close()
+        copy.close()
+    return _rows(b, t, {k: median(v) for k, v in samples.items()}, amortised, files, nb)
+
+
+def _rows(
+    b: int, t: int, m: dict[str, float], amortised: float, files: int, nb: int
+) -> list[Result]:
+    shape = f"B={b} T={t}"
+
+    def tok_s(us: float) -> str:
+        return f"{fmt(b * t / us)}M tok/s"  # tokens per µs = M tokens per s
+
+    zero, copy, nano, dl = m["zero"], m["copy"], m["nanogpt"], m["dataloader"]
+    return [
+        Result(
+            "1",
+            f"get_batch {shape}, steady in a file (zero-copy)",
+            zero,
+            "µs/batch",
+            "nanoGPT get_batch",
+            nano,
+            "µs/batch",
+            nano / zero,
+            "x faster",
+            f">= {NANOGPT_GOAL:g}x",
+            nano / zero >= NANOGPT_GOAL,
+            f"{tok_s(zero)}; nanoGPT {tok_s(nano)}; copy=True is {nano / copy:.0f}x faster",
+            extra={"tokens_per_s": b * t / zero * 1e6},
+        ),
+        Result(
+            "1",
+            f"get_batch {shape}, steady in a file (zero-copy)",
+            zero,
+            "µs/batch",
+            "DataLoader, 2 workers",
+            dl,
+            "µs/batch",
+            dl / zero,
+            "x faster",
+            f">= {DATALOADER_GOAL:g}x",
+            dl / zero >= DATALOADER_GOAL,
+            f"DataLoader {tok_s(dl)}; copy=True is {dl / copy:.0f}x faster",
+        ),
+        Result(
+            "1",
+            f"get_batch {shape}, amortised over {files} files of {nb} (provider-bound)",
+            amortised,
+            "µs/batch",
+            "nanoGPT get_batch",
+            nano,
+            "µs/batch",
+            nano / amortised,
+            "x faster",
+            "info",
+            None,
+            f"boundaries included: the provider's {fmt(1e6 / amortised)} batches/s sets it (row 5)",
+        ),
+        Result(
+            "2",
+            f"get_batch(out=buffers) {shape}, steady in a file",
+            m["into"],
+            "µs/batch",
+            "memcpy, preallocated",
+            m["memcpy"],
+            "µs/batch",
+            m["into"] / m["memcpy"],
+            "x memcpy",
+            f"<= {COPY_GOAL:g}x",
+            m["into"] / m["memcpy"] <= COPY_GOAL,
+            f"memcpy on first touch of the map: {fmt(m['memcpy_cold'])} µs ({m['into'] / m['memcpy_cold']:.2f}x)",
+        ),
+        Result(
+            "2",
+            f"get_batch(copy=True) {shape}, steady in a file",
+            copy,
+            "µs/batch",
+            "memcpy, preallocated",
+            m["memcpy"],
+            "µs/batch",
+            copy / m["memcpy"],
+            "x memcpy",
+            "info",
+            None,
+            "fresh memory per batch (safe to keep): page faults cost more than the copy",
+        ),
+    ]

@@ -1,0 +1,45 @@
+"""The benchmark suite's smoke version: `python -m bench --quick` runs every row end to end and
+each row produces a number. Never a timed test: nothing here asserts a speed."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, subprocess_env
+
+ROWS = ("1", "2", "3", "4", "5", "6", "7")
+
+
+@pytest.mark.timeout(300)
+def test_quick_suite_gives_every_row_a_number(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(out), "--workdir", str(tmp_path)],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, (
+        f"python -m bench --quick failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
+    )
+    results = json.loads(out.read_text())["results"]
+    assert {r["row"] for r in results} == set(ROWS)
+    for r in results:
+        if r["skipped"]:
+            assert r["row"] == "7" and not torch.cuda.is_available(), r
+            assert "no CUDA device" in r["note"]
+            continue
+        assert isinstance(r["value"], (int, float)) and math.isfinite(r["value"]), r
+        if r["ref_value"] is not None:
+            assert math.isfinite(r["ref_value"]) and r["ratio"] is not None, r
+    for row in ROWS:  # the printed table names every row
+        assert f"\n{row}a " in proc.stdout
