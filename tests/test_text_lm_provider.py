@@ -358,3 +358,22 @@ def test_document_ids_are_seen_once_per_epoch_in_bin_mode(tmp_path: Path) -> Non
             owners.setdefault(d, set()).add(w)
     assert set(owners) == set(range(10, 90))
     assert all(len(o) == 1 for o in owners.values())
+
+
+def test_the_example_config_loads_and_serves(tmp_path: Path, monkeypatch) -> None:
+    from queue_server.config import load_config
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "configs" / "text_lm.toml"
+    (ds,) = load_config(example).datasets
+    assert ds.provider == "text_lm"
+    (tmp_path / "corpus").mkdir()
+    write_corpus(tmp_path / "corpus", 1200)
+    monkeypatch.chdir(tmp_path)  # the server resolves relative args against the config's dir
+    ctx = ProviderContext(
+        ds.name, tmp_path / "root" / ds.name, batch_size=ds.batch_size, batches_per_file=1
+    )
+    p = create("text_lm", ctx, dict(ds.args))
+    meta = ready(p)
+    assert meta["split_info"]["val"]["documents"] == 1000
+    t = produce(p, "train", 0, tmp_path / "q")
+    assert tuple(t["input_ids"].shape) == (1, 4, 8, 1024)

@@ -16,19 +16,28 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from queue_client.batchfile import PublishedFile
 from queue_client.errors import ConfigError, MetaError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.text.errors import CorpusError
 from queue_providers.text.files import corpus_digest, discover
 from queue_providers.text.packing import IGNORE, PACKING_MODES
-from queue_providers.text.plan import Boundary, find_boundary, iter_corpus, make_chunks, shard, split_ranges
+from queue_providers.text.plan import (
+    Boundary,
+    find_boundary,
+    iter_corpus,
+    make_chunks,
+    shard,
+    split_ranges,
+)
 from queue_providers.text.readers import ReadOptions
 from queue_providers.text.stream import SplitStream, StreamConfig
-from queue_providers.text.tokenizer import TextTokenizer, load_tokenizer, prepare_tokenizer
+from queue_providers.text.tokenizer import KINDS, TextTokenizer, load_tokenizer, prepare_tokenizer
 
 __all__ = ["CorpusError", "TextLMProvider"]
 
@@ -67,13 +76,19 @@ class TextLMProvider(DataProviderBase):
         self.micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
         self.shuffle_buffer = _positive_int("shuffle_buffer", shuffle_buffer)
         if packing not in PACKING_MODES:
-            raise ConfigError(f"text_lm packing must be one of {list(PACKING_MODES)}, got {packing!r}")
+            raise ConfigError(
+                f"text_lm packing must be one of {list(PACKING_MODES)}, got {packing!r}"
+            )
         if not isinstance(eval_take, int) or isinstance(eval_take, bool) or eval_take < 0:
             raise ConfigError(f"text_lm eval_take must be an int >= 0, got {eval_take!r}")
         if not isinstance(shuffle, bool):
             raise ConfigError(f"text_lm shuffle must be true or false, got {shuffle!r}")
+        if tokenizer not in KINDS:
+            raise ConfigError(f"text_lm tokenizer must be one of {list(KINDS)}, got {tokenizer!r}")
         if tokenizer == "hf" and not tokenizer_path:
-            raise ConfigError("text_lm tokenizer 'hf' needs tokenizer_path, the path of a tokenizer.json")
+            raise ConfigError(
+                "text_lm tokenizer 'hf' needs tokenizer_path, the path of a tokenizer.json"
+            )
         self.packing = packing
         self.eval_take = eval_take
         self.shuffle = shuffle
@@ -104,9 +119,10 @@ class TextLMProvider(DataProviderBase):
             corpus_texts=lambda: (text for _, _, text in iter_corpus(self.files, self.opts)),
         )
         a, b, t = self.batch_size, self.micro_batch_size, self.seq_len
-        splits = {"train": {"documents": f"all but the first {self.eval_take}"}}
+        # Train starts at document eval_take of the corpus; val is the documents before it.
+        splits: dict[str, Any] = {"train": {"first_document": self.eval_take}}
         if self.eval_take:
-            splits = {"train": splits["train"], "val": {"documents": self.eval_take}}
+            splits["val"] = {"first_document": 0, "documents": self.eval_take}
         meta: dict[str, Any] = {
             "training_type": "LM",
             "vocab_size": tok.vocab_size,
@@ -171,7 +187,11 @@ class TextLMProvider(DataProviderBase):
         if split not in ranges:
             raise MetaError(f"text_lm has no split {split!r}; it has {sorted(ranges)}")
         ctx = self.context
-        chunks = shard(make_chunks(self.files, ranges[split], ctx.num_workers), ctx.worker_index, ctx.num_workers)
+        chunks = shard(
+            make_chunks(self.files, ranges[split], ctx.num_workers),
+            ctx.worker_index,
+            ctx.num_workers,
+        )
         config = StreamConfig(
             split=split,
             seq_len=self.seq_len,
@@ -194,7 +214,7 @@ class TextLMProvider(DataProviderBase):
         windows = self._stream(split).take(a * b)
         return {name: torch.from_numpy(arr.reshape(a, b, t)) for name, arr in windows.items()}
 
-    def produce_file(self, split: str, seq: int, directory):  # type: ignore[override]
+    def produce_file(self, split: str, seq: int, directory: Path) -> PublishedFile:
         """The base's produce_file, but a failure leaves the stream where it was, so a retry
         (or the server's replay) starts from the same documents and nothing is skipped."""
         before = self.state_dict(split)

@@ -50,6 +50,7 @@ def train_bpe(
     eos_token: str = "<|endoftext|>",
     min_frequency: int = 2,
     max_documents: int | None = None,
+    show_progress: bool = False,
 ) -> Path:
     """Train, save to `out` and return it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -62,9 +63,11 @@ def train_bpe(
         min_frequency=min_frequency,
         special_tokens=[eos_token],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=show_progress,
     )
-    texts = corpus_texts(inputs, separator=separator, text_key=text_key, format=format, max_documents=max_documents)
+    texts = corpus_texts(
+        inputs, separator=separator, text_key=text_key, format=format, max_documents=max_documents
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,16 +76,32 @@ def train_bpe(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m queue_providers.train_bpe", description=__doc__.split("\n")[0])
-    parser.add_argument("--input", nargs="+", required=True, help="files, folders or globs of .txt/.jsonl/.parquet")
+    parser = argparse.ArgumentParser(
+        prog="python -m queue_providers.train_bpe", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--input", nargs="+", required=True, help="files, folders or globs of .txt/.jsonl/.parquet"
+    )
     parser.add_argument("--vocab-size", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True, help="where to write tokenizer.json")
-    parser.add_argument("--separator", default=None, help='text: a separator line ("" for blank lines); unset: a document per file')
+    parser.add_argument(
+        "--separator",
+        default=None,
+        help='text: a separator line ("" for blank lines); unset: a document per file',
+    )
     parser.add_argument("--text-key", default="text", help="JSONL key or Parquet column")
     parser.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "parquet"])
     parser.add_argument("--eos-token", default="<|endoftext|>")
     parser.add_argument("--min-frequency", type=int, default=2)
-    parser.add_argument("--max-documents", type=int, default=None, help="train on at most this many documents")
+    parser.add_argument(
+        "--max-documents", type=int, default=None, help="train on at most this many documents"
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=sys.stderr.isatty(),
+        help="show progress while training (default: when stderr is a terminal)",
+    )
     args = parser.parse_args(argv)
     if args.vocab_size < 257:
         parser.error("--vocab-size must be at least 257 (256 bytes and the end-of-text token)")
@@ -97,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             eos_token=args.eos_token,
             min_frequency=args.min_frequency,
             max_documents=args.max_documents,
+            show_progress=args.progress,
         )
     except BatchQueueError as exc:
         print(f"train_bpe: {exc}", file=sys.stderr)

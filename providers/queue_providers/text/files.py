@@ -84,7 +84,9 @@ def discover(
         raise ConfigError(f"format must be 'auto' or one of {list(FORMATS)}, got {format!r}")
     patterns = [source] if isinstance(source, str) else list(source)
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
-        raise ConfigError(f"text_lm source must be a path or glob, or a list of them, got {source!r}")
+        raise ConfigError(
+            f"text_lm source must be a path or glob, or a list of them, got {source!r}"
+        )
     paths: set[Path] = set()
     for pattern in patterns:
         found = _expand(pattern)

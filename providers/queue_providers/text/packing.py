@@ -16,8 +16,8 @@ Modes:
     dropped. The tail that does not fill a window is the `carry` for the next block.
   - bin: documents are kept whole where they fit: a document longer than T is cut into pieces
     of T from its start (each a window of its own) plus a shorter last piece; the shorter
-    pieces are placed best-fit-decreasing into windows, the rest padded. The windows are then
-    shuffled, so window order does not follow length.
+    pieces are placed best-fit into windows, longest first within groups of PACK_GROUP, the
+    rest padded. The windows are then shuffled, so window order does not follow length.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import numpy as np
 
 IGNORE = -100
 PACKING_MODES = ("sequential", "bin")
+# Bin packing sorts pieces by length this many at a time (see _best_fit).
+PACK_GROUP = 64
 
 
 @dataclass
@@ -63,11 +65,12 @@ def pack_sequential(
     n = len(tokens) // seq_len
     used = n * seq_len
     labels = next_token_labels(tokens, lengths)
-    doc = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
-    seg = doc[:used].reshape(n, seq_len)
-    seg = seg - seg[:, :1] + 1
+    seg = np.repeat(np.arange(1, len(lengths) + 1, dtype=np.int32), lengths)[:used].reshape(
+        n, seq_len
+    )
+    seg -= seg[:, :1].copy() - 1  # number documents from 1 in each window
     windows = Windows(
-        tokens[:used].reshape(n, seq_len), labels[:used].reshape(n, seq_len), seg.astype(np.int32), None
+        tokens[:used].reshape(n, seq_len), labels[:used].reshape(n, seq_len), seg, None
     )
     ends = np.cumsum(lengths)
     j = int(np.searchsorted(ends, used, side="right"))
@@ -78,9 +81,15 @@ def pack_sequential(
     return windows, tokens[used:].copy(), carry_lengths
 
 
-def _best_fit(lengths: np.ndarray, seq_len: int) -> list[list[int]]:
-    """Bins of piece indices: best-fit decreasing, ties broken by position (deterministic)."""
-    order = np.argsort(-lengths, kind="stable")
+def _best_fit(lengths: np.ndarray, seq_len: int, group: int = PACK_GROUP) -> list[list[int]]:
+    """Bins of piece indices. Pieces are taken `group` at a time in block order, longest first
+    within a group, each into the fullest open bin it fits (best fit); all bins stay open.
+
+    Sorting only within groups keeps nearly all of best-fit-decreasing's density while the
+    bins' make-up follows the shuffled order, so a new epoch brings new windows, not the same
+    ones reordered.
+    """
+    order = _group_order(lengths, group)
     bins: list[list[int]] = []
     free: list[tuple[int, int]] = []  # (room left, bin index), sorted
     for i in order.tolist():
@@ -96,6 +105,15 @@ def _best_fit(lengths: np.ndarray, seq_len: int) -> list[list[int]]:
             if seq_len - size > 0:
                 bisect.insort(free, (seq_len - size, len(bins) - 1))
     return bins
+
+
+def _group_order(lengths: np.ndarray, group: int) -> np.ndarray:
+    """Indices in block order, `group` at a time, longest first (stable) within each group."""
+    parts = [
+        g + np.argsort(-lengths[g : g + group], kind="stable")
+        for g in range(0, len(lengths), group)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def pack_bin(
@@ -166,4 +184,9 @@ def _fill(
     segment_ids[dst_idx] = np.repeat(np.asarray(seg, dtype=np.int32), lens)
     mask[dst_idx] = True
     shape = (n, seq_len)
-    return Windows(input_ids.reshape(shape), out_labels.reshape(shape), segment_ids.reshape(shape), mask.reshape(shape))
+    return Windows(
+        input_ids.reshape(shape),
+        out_labels.reshape(shape),
+        segment_ids.reshape(shape),
+        mask.reshape(shape),
+    )

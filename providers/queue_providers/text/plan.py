@@ -11,6 +11,7 @@ together cover the split.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,9 @@ def iter_corpus(files: Sequence[SourceFile], opts: ReadOptions) -> Iterator[tupl
             yield i, key, text
 
 
-def find_boundary(files: Sequence[SourceFile], opts: ReadOptions, eval_take: int, source: object) -> Boundary:
+def find_boundary(
+    files: Sequence[SourceFile], opts: ReadOptions, eval_take: int, source: object
+) -> Boundary:
     """The first train document, after `eval_take` val documents. Reads only that far.
 
     Raises CorpusError when the corpus has no documents, or none left for train.
@@ -86,18 +89,22 @@ def _range(files: Sequence[SourceFile], lo: Boundary, hi: Boundary) -> list[Chun
     return out
 
 
-def make_chunks(files: Sequence[SourceFile], ranges: Sequence[Chunk], num_workers: int) -> list[Chunk]:
+def make_chunks(
+    files: Sequence[SourceFile], ranges: Sequence[Chunk], num_workers: int
+) -> list[Chunk]:
     """Cut a split's ranges into chunks: about CHUNKS_PER_WORKER per worker, each at most
     MAX_CHUNK_BYTES, never finer than one key."""
-    weights = [(r.end - r.start) / files[r.file].extent * max(files[r.file].size, 1) for r in ranges]
+    weights = [
+        (r.end - r.start) / files[r.file].extent * max(files[r.file].size, 1) for r in ranges
+    ]
     total = sum(weights)
     target = min(max(total / (num_workers * CHUNKS_PER_WORKER), 1.0), MAX_CHUNK_BYTES)
     chunks = []
-    for r, w in zip(ranges, weights):
+    for r, w in zip(ranges, weights, strict=True):
         n = min(r.end - r.start, max(1, math.ceil(w / target)))
         span = r.end - r.start
         cuts = [r.start + span * i // n for i in range(n + 1)]
-        chunks.extend(Chunk(r.file, a, b) for a, b in zip(cuts, cuts[1:]) if b > a)
+        chunks.extend(Chunk(r.file, a, b) for a, b in itertools.pairwise(cuts) if b > a)
     return chunks
 
 

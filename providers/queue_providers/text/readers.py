@@ -22,11 +22,13 @@ surrogates that JSON escapes can spell ("\\ud800") count as invalid UTF-8 too.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from queue_client.errors import ConfigError
 from queue_providers.text.errors import CorpusError
@@ -51,7 +53,9 @@ class ReadOptions:
         if self.utf8_errors not in ("replace", "error"):
             raise ConfigError(f"utf8_errors must be 'replace' or 'error', got {self.utf8_errors!r}")
         if not isinstance(self.max_document_bytes, int) or self.max_document_bytes <= 0:
-            raise ConfigError(f"max_document_bytes must be a positive int, got {self.max_document_bytes!r}")
+            raise ConfigError(
+                f"max_document_bytes must be a positive int, got {self.max_document_bytes!r}"
+            )
         if not isinstance(self.text_key, str) or not self.text_key:
             raise ConfigError(f"text_key must be a non-empty string, got {self.text_key!r}")
 
@@ -87,7 +91,7 @@ def _too_large(path: Path, offset: int, size: int, opts: ReadOptions) -> CorpusE
     )
 
 
-def _next_line_start(f, pos: int) -> int:
+def _next_line_start(f: BinaryIO, pos: int) -> int:
     """The first line start at or after `pos` (or the file's size if none is)."""
     if pos == 0:
         return 0
@@ -116,9 +120,12 @@ def line_number(path: Path, offset: int) -> int:
     return count
 
 
-def _iter_separated(sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions) -> Iterator[Doc]:
+def _iter_separated(
+    sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
+) -> Iterator[Doc]:
     assert opts.separator is not None
     sep_re, first_re = _separator_re(opts.separator), _first_line_re(opts.separator)
+    where = str(sf.path)
     with open(sf.path, "rb") as f:
         if resume is not None:
             pos, key = resume, resume
@@ -132,7 +139,7 @@ def _iter_separated(sf: SourceFile, start: int, end: int, resume: int | None, op
         doc_start = 0  # where the current document's text begins, in buf
         scan = 0  # the first line of buf not yet looked at; always a line start
         while True:
-            data = f.read(opts.read_bytes)
+            data = f.read(_read_size(opts, base + len(buf), end))
             eof = not data
             buf += data
             if eof:
@@ -142,24 +149,28 @@ def _iter_separated(sf: SourceFile, start: int, end: int, resume: int | None, op
             else:
                 cut = buf.rfind(b"\n", scan) + 1
             if cut > scan:
-                # Separator lines in [scan, cut): the first line by itself, the rest after a "\n".
-                starts = [scan] if first_re.match(buf, scan, cut) else []
-                starts.extend(m.start() + 1 for m in sep_re.finditer(buf, scan, cut))
-                for line_start in starts:
+                # Separator lines in [scan, cut), as (start, end): the first line by itself, the
+                # rest after a "\n". Lazily: a range ending early stops the search there.
+                first = first_re.match(buf, scan, cut)
+                lines = itertools.chain(
+                    [(scan, first.end())] if first else [],
+                    ((m.start() + 1, m.end()) for m in sep_re.finditer(buf, scan, cut)),
+                )
+                for line_start, line_end in lines:
                     if key is not None:
                         doc = _finish(buf, doc_start, line_start - 1)
                         if doc is not None:
-                            yield key, _decode(doc, opts, str(sf.path), base + doc_start)
+                            yield key, _decode(doc, opts, where, base + doc_start)
                     if base + line_start >= end:
                         return
                     key = base + line_start
-                    doc_start = buf.index(b"\n", line_start) + 1
+                    doc_start = line_end + 1
                 scan = cut
             if eof:
                 if key is not None:
                     doc = _finish(buf, doc_start, len(buf) - 1)
                     if doc is not None:
-                        yield key, _decode(doc, opts, str(sf.path), base + doc_start)
+                        yield key, _decode(doc, opts, where, base + doc_start)
                 return
             keep = doc_start if key is not None else scan
             del buf[:keep]
@@ -168,6 +179,12 @@ def _iter_separated(sf: SourceFile, start: int, end: int, resume: int | None, op
             scan -= keep
             if len(buf) > opts.max_document_bytes:
                 raise _too_large(sf.path, base + max(doc_start, 0), len(buf), opts)
+
+
+def _read_size(opts: ReadOptions, offset: int, end: int) -> int:
+    """Read what the range still needs, in 64 KiB to read_bytes pieces: a small range must
+    not read (and scan) a whole 1 MiB block past its end."""
+    return min(opts.read_bytes, max(1 << 16, end - offset))
 
 
 def _finish(buf: bytearray, start: int, stop: int) -> bytes | None:
@@ -182,14 +199,16 @@ def _finish(buf: bytearray, start: int, stop: int) -> bytes | None:
     return doc
 
 
-def _iter_jsonl(sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions) -> Iterator[Doc]:
+def _iter_jsonl(
+    sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
+) -> Iterator[Doc]:
     key_name = opts.text_key
     with open(sf.path, "rb") as f:
         pos = resume if resume is not None else _next_line_start(f, start)
         f.seek(pos)
         tail = b""
         while True:
-            data = f.read(opts.read_bytes)
+            data = f.read(_read_size(opts, pos + len(tail), end))
             eof = not data
             block = tail + data
             if eof:
@@ -209,7 +228,9 @@ def _iter_jsonl(sf: SourceFile, start: int, end: int, resume: int | None, opts: 
                     continue
                 if len(line) > opts.max_document_bytes:
                     raise _too_large(sf.path, here, len(line), opts)
-                yield here, _json_text(line, sf.path, here, key_name, opts)
+                text = _json_text(line, sf.path, here, key_name, opts)
+                if text and not text.isspace():
+                    yield here, text
             if eof:
                 return
 
@@ -226,19 +247,23 @@ def _json_text(line: bytes, path: Path, offset: int, key: str, opts: ReadOptions
     except json.JSONDecodeError as exc:
         raise CorpusError(f"{where()}: not valid JSON: {exc.msg} at column {exc.colno}") from None
     if not isinstance(obj, dict):
-        raise CorpusError(f"{where()}: expected a JSON object with key {key!r}, got a {type(obj).__name__}")
+        raise CorpusError(
+            f"{where()}: expected a JSON object with key {key!r}, got a {type(obj).__name__}"
+        )
     if key not in obj:
         shown = sorted(obj)[:10]
         raise CorpusError(f"{where()}: no key {key!r} (the object has keys {shown}; set text_key)")
     text = obj[key]
     if not isinstance(text, str):
-        raise CorpusError(f"{where()}: key {key!r} holds a {type(text).__name__}, expected a string")
+        raise CorpusError(
+            f"{where()}: key {key!r} holds a {type(text).__name__}, expected a string"
+        )
     if not text.isascii():
         text = _no_surrogates(text, opts, where)
     return text
 
 
-def _no_surrogates(text: str, opts: ReadOptions, where) -> str:
+def _no_surrogates(text: str, opts: ReadOptions, where: Callable[[], str]) -> str:
     try:
         text.encode("utf-8")
         return text
@@ -251,7 +276,9 @@ def _no_surrogates(text: str, opts: ReadOptions, where) -> str:
         return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
-def _iter_parquet(sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions) -> Iterator[Doc]:
+def _iter_parquet(
+    sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
+) -> Iterator[Doc]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -259,10 +286,19 @@ def _iter_parquet(sf: SourceFile, start: int, end: int, resume: int | None, opts
     with pq.ParquetFile(sf.path) as pf:
         names = pf.schema_arrow.names
         if opts.text_key not in names:
-            raise CorpusError(f"{sf.path}: no column {opts.text_key!r} (columns: {names}; set text_key)")
+            raise CorpusError(
+                f"{sf.path}: no column {opts.text_key!r} (columns: {names}; set text_key)"
+            )
         kind = pf.schema_arrow.field(opts.text_key).type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
-            raise CorpusError(f"{sf.path}: column {opts.text_key!r} has type {kind}, expected a string column")
+        if not (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+        ):
+            raise CorpusError(
+                f"{sf.path}: column {opts.text_key!r} has type {kind}, expected a string column"
+            )
         row0 = 0
         for rg in range(pf.metadata.num_row_groups):
             rows = pf.metadata.row_group(rg).num_rows
@@ -293,7 +329,9 @@ def _iter_parquet(sf: SourceFile, start: int, end: int, resume: int | None, opts
             row0 += rows
 
 
-def _iter_whole(sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions) -> Iterator[Doc]:
+def _iter_whole(
+    sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
+) -> Iterator[Doc]:
     first = resume if resume is not None else start
     if first > 0 or end <= 0:
         return

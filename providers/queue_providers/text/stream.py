@@ -35,8 +35,10 @@ from queue_providers.text.readers import ReadOptions, iter_docs
 from queue_providers.text.tokenizer import TextTokenizer
 
 STATE_VERSION = 1
-STATE_KEYS = frozenset({"version", "layout", "epoch", "block", "start", "window", "carry_tokens", "carry_lengths"})
-MAX_BLOCK_CHARS = 32 << 20
+STATE_KEYS = frozenset(
+    {"version", "layout", "epoch", "block", "start", "window", "carry_tokens", "carry_lengths"}
+)
+MAX_BLOCK_CHARS = 8 << 20
 # Blocks kept tokenized: the forward one and the one a replay asked for, so the server's
 # "load old state, produce, restore forward state" costs one extra read, not two.
 CACHE_BLOCKS = 3
@@ -157,7 +159,8 @@ class SplitStream:
                     raise CorpusError(
                         f"{self.cfg.split} shard {self.cfg.worker_index} of {self.cfg.num_workers} "
                         f"holds no documents ({len(self.chunks)} chunk(s)): use fewer workers, or "
-                        "more documents" + (" (a larger eval_take)" if self.cfg.split == "val" else "")
+                        "more documents"
+                        + (" (a larger eval_take)" if self.cfg.split == "val" else "")
                     )
                 self._epoch, self._block, self._start = self._epoch + 1, 0, START
                 continue
@@ -165,6 +168,11 @@ class SplitStream:
             if len(packed.windows) == 0:  # fewer than T tokens so far: all of them carry on
                 self._carry, self._block, self._start = packed.carry, self._block + 1, raw.end
                 continue
+            if self._window > len(packed.windows):
+                raise ValueError(
+                    f"text_lm {self.cfg.split} state points at window {self._window} of block "
+                    f"{self._block}, which has {len(packed.windows)}: the state does not fit this corpus"
+                )
             self._packed = packed
 
     def _pack(self, raw: _RawBlock) -> _Packed:
@@ -175,7 +183,11 @@ class SplitStream:
             windows, carry_tokens, carry_lengths = pack_sequential(tokens, lengths, t)
             return _Packed(windows, raw.end, (carry_tokens, carry_lengths))
         rng = self._rng("windows", self._epoch, self._block) if self.cfg.shuffle else None
-        return _Packed(pack_bin(raw.tokens, raw.lengths, t, pad_id=self.cfg.pad_id, rng=rng), raw.end, _NO_CARRY)
+        return _Packed(
+            pack_bin(raw.tokens, raw.lengths, t, pad_id=self.cfg.pad_id, rng=rng),
+            raw.end,
+            _NO_CARRY,
+        )
 
     # ---- documents --------------------------------------------------------------------------
     def _rng(self, *parts: object) -> np.random.Generator:
@@ -186,7 +198,11 @@ class SplitStream:
     def _order(self, epoch: int) -> list[int]:
         if self._order_cache is None or self._order_cache[0] != epoch:
             n = len(self.chunks)
-            order = self._rng("chunks", epoch).permutation(n).tolist() if self.cfg.shuffle else list(range(n))
+            order = (
+                self._rng("chunks", epoch).permutation(n).tolist()
+                if self.cfg.shuffle
+                else list(range(n))
+            )
             self._order_cache = (epoch, order)
         return self._order_cache[1]
 
@@ -196,7 +212,9 @@ class SplitStream:
             chunk = self.chunks[order[c]]
             resume = start.key if c == start.chunk else None
             skip = start.skip if c == start.chunk else 0
-            for key, text in iter_docs(self.files[chunk.file], chunk.start, chunk.end, self.opts, resume):
+            for key, text in iter_docs(
+                self.files[chunk.file], chunk.start, chunk.end, self.opts, resume
+            ):
                 if skip:
                     skip -= 1
                     continue
@@ -215,20 +233,25 @@ class SplitStream:
         texts: list[str] = []
         last: tuple[int, int] | None = None
         chars = 0
-        for c, key, text in reader:
-            texts.append(text)
-            last = (c, key)
-            chars += len(text)
-            if len(texts) >= self.cfg.block_docs or chars >= MAX_BLOCK_CHARS:
-                break
+        try:
+            for c, key, text in reader:
+                texts.append(text)
+                last = (c, key)
+                chars += len(text)
+                if len(texts) >= self.cfg.block_docs or chars >= MAX_BLOCK_CHARS:
+                    break
+        except BaseException:
+            self._live = None  # a generator that raised is finished: never read on from it
+            raise
         if last is None:
             self._live = None
             return None
         end = Position(last[0], last[1], 1)
         self._live = (epoch, end, reader)
+        if self.cfg.shuffle:  # shuffling texts, not tokens, costs no copy of the block
+            perm = self._rng("docs", epoch, block).permutation(len(texts)).tolist()
+            texts = [texts[i] for i in perm]
         tokens, lengths = self.tokenizer.encode_docs(texts)
-        if self.cfg.shuffle:
-            tokens, lengths = _permute(tokens, lengths, self._rng("docs", epoch, block).permutation(len(texts)))
         raw = _RawBlock(tokens, lengths, end)
         self._cache[cache_key] = raw
         while len(self._cache) > CACHE_BLOCKS:
@@ -273,12 +296,3 @@ class SplitStream:
         self._window = int(state["window"])
         self._carry = (carry_tokens, carry_lengths)
         self._packed = None
-
-
-def _permute(tokens: np.ndarray, lengths: np.ndarray, perm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The documents of a flat ragged array, reordered by `perm` (vectorized gather)."""
-    starts = np.cumsum(lengths) - lengths
-    new_lengths = lengths[perm]
-    new_starts = np.cumsum(new_lengths) - new_lengths
-    idx = np.repeat(starts[perm] - new_starts, new_lengths) + np.arange(len(tokens), dtype=np.int64)
-    return tokens[idx], new_lengths

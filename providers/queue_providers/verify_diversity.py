@@ -1,0 +1,260 @@
+"""Check a text_lm dataset's batches for repetition and train/val leakage.
+
+    python -m queue_providers.verify_diversity --data-dir DATA --dataset web --batches 100
+    python -m queue_providers.verify_diversity --address localhost:50051 --dataset web
+
+Over the first N batches of each split it reports:
+  - the duplicate-window rate: the share of [T] windows whose tokens (and mask) equal a window
+    seen before in the same split;
+  - the train/val document overlap: documents found in both splits. A document is recognised
+    by a hash of its tokens: a segment that ends a document (its last label is -100, the EOS
+    rule of text_lm) and, in sequential packing, does not start at position 0 of its window
+    (there it may be the tail of a document begun earlier). In bin packing every such segment
+    is a whole document or the fixed last piece of a long one, so all are hashed. Segments
+    shorter than --min-doc-tokens are left out: short lines ("Exeunt.") recur in any corpus;
+  - the share of padding tokens.
+It exits 1 when train's duplicate rate or the overlap exceeds its threshold, 2 when it cannot
+read the batches. val is a fixed set that repeats every epoch, so its windows repeat as soon as
+N batches exceed it: its rate is shown, and judged only with --judge-val-duplicates. Against a server it consumes real batches through QueueClient, so point it at a
+dataset no trainer is reading; the data-dir mode only reads the queued files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from queue_client.batchfile import META_FILE, dataset_dir, load_batch_file, queue_dir, scan_queue
+from queue_client.errors import BatchQueueError
+from queue_client.meta import load_meta
+
+IGNORE = -100
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+@dataclass
+class SplitStats:
+    batches: int = 0
+    windows: int = 0
+    duplicate_windows: int = 0
+    tokens: int = 0
+    padding_tokens: int = 0
+    repeated_documents: int = 0
+    window_hashes: set[bytes] = field(default_factory=set)
+    documents: set[bytes] = field(default_factory=set)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "batches": self.batches,
+            "windows": self.windows,
+            "duplicate_windows": self.duplicate_windows,
+            "duplicate_window_rate": self.duplicate_windows / self.windows if self.windows else 0.0,
+            "padding_share": self.padding_tokens / self.tokens if self.tokens else 0.0,
+            "documents": len(self.documents),
+            "repeated_documents": self.repeated_documents,
+        }
+
+
+class DiversityCheck:
+    """Accumulates batches of any split; `report()` compares them."""
+
+    def __init__(self, *, packing: str = "sequential", min_doc_tokens: int = 16) -> None:
+        self.packing = packing
+        self.min_doc_tokens = min_doc_tokens
+        self.splits: dict[str, SplitStats] = {}
+
+    def add(self, split: str, batch: Mapping[str, torch.Tensor]) -> None:
+        """One batch: input_ids, labels, attention_mask, segment_ids, any leading shape."""
+        stats = self.splits.setdefault(split, SplitStats())
+        ids = batch["input_ids"].cpu().numpy()
+        t = ids.shape[-1]
+        ids = ids.reshape(-1, t)
+        labels = batch["labels"].cpu().numpy().reshape(-1, t)
+        mask = batch["attention_mask"].cpu().numpy().reshape(-1, t).astype(bool)
+        segs = batch["segment_ids"].cpu().numpy().reshape(-1, t)
+        stats.batches += 1
+        stats.windows += ids.shape[0]
+        stats.tokens += ids.size
+        stats.padding_tokens += int(ids.size - mask.sum())
+        for row in range(ids.shape[0]):
+            h = _digest(ids[row].tobytes() + mask[row].tobytes())
+            if h in stats.window_hashes:
+                stats.duplicate_windows += 1
+            stats.window_hashes.add(h)
+            for doc in self._documents(ids[row], labels[row], segs[row]):
+                if doc in stats.documents:
+                    stats.repeated_documents += 1
+                stats.documents.add(doc)
+
+    def _documents(self, ids: np.ndarray, labels: np.ndarray, segs: np.ndarray) -> Iterator[bytes]:
+        cuts = np.flatnonzero(np.diff(segs)) + 1
+        starts = np.concatenate([[0], cuts]).tolist()
+        ends = np.concatenate([cuts, [len(segs)]]).tolist()
+        for s, e in zip(starts, ends, strict=True):
+            if segs[s] == 0 or labels[e - 1] != IGNORE or e - s < self.min_doc_tokens:
+                continue
+            if s == 0 and self.packing == "sequential":
+                continue
+            yield _digest(ids[s:e].tobytes())
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"splits": {name: s.summary() for name, s in self.splits.items()}}
+        train, val = self.splits.get("train"), self.splits.get("val")
+        out["overlap_documents"] = len(train.documents & val.documents) if train and val else 0
+        out["compared"] = bool(train and val)
+        return out
+
+
+def _meta_packing(meta: Mapping[str, Any] | None) -> str:
+    packing = (meta or {}).get("packing")
+    return packing if packing in ("sequential", "bin") else "sequential"
+
+
+def _from_data_dir(
+    root: Path, dataset: str, splits: Sequence[str], batches: int, check: DiversityCheck
+) -> None:
+    for split in splits:
+        qdir = queue_dir(root, dataset, split)
+        seen = 0
+        for name in sorted(scan_queue(qdir), key=lambda n: n.seq):
+            try:
+                bf = load_batch_file(qdir / str(name))
+            except FileNotFoundError:  # consumed by a running server meanwhile
+                continue
+            nb = next(iter(bf.tensors.values())).shape[0]
+            for i in range(nb):
+                if seen >= batches:
+                    break
+                check.add(split, {k: v[i] for k, v in bf.tensors.items()})
+                seen += 1
+            if seen >= batches:
+                break
+
+
+def _from_server(
+    address: str, dataset: str, splits: Sequence[str] | None, batches: int, min_doc_tokens: int
+) -> DiversityCheck:
+    from queue_client.client import QueueClient
+
+    with QueueClient(address, dataset) as client:
+        check = DiversityCheck(packing=_meta_packing(client.meta), min_doc_tokens=min_doc_tokens)
+        for split in splits or client.splits:
+            for _ in range(batches):
+                batch = client.get_batch(split)
+                if not isinstance(batch, Mapping):
+                    raise BatchQueueError(
+                        f"dataset {dataset!r} serves (x, y) batches, not text_lm's fields"
+                    )
+                check.add(split, batch)
+    return check
+
+
+def format_report(report: Mapping[str, Any], verdict: Sequence[str]) -> str:
+    lines = []
+    for name, s in report["splits"].items():
+        lines.append(
+            f"split {name}: {s['batches']} batches, {s['windows']} windows, "
+            f"{s['duplicate_windows']} duplicate windows ({s['duplicate_window_rate']:.3%}), "
+            f"padding {s['padding_share']:.2%}, {s['documents']} documents hashed "
+            f"({s['repeated_documents']} seen again within the split)"
+        )
+    if report["compared"]:
+        val_docs = report["splits"]["val"]["documents"]
+        lines.append(
+            f"train/val document overlap: {report['overlap_documents']} of {val_docs} val documents"
+        )
+    else:
+        lines.append(
+            "train/val document overlap: not checked (needs batches of both train and val)"
+        )
+    lines.append("verdict: " + ("OK" if not verdict else "FAIL: " + "; ".join(verdict)))
+    return "\n".join(lines)
+
+
+def judge(
+    report: Mapping[str, Any],
+    max_duplicate_rate: float,
+    max_overlap: int,
+    *,
+    judge_val: bool = False,
+) -> list[str]:
+    """The thresholds exceeded, as readable reasons (empty when all is well)."""
+    reasons = []
+    for name, s in report["splits"].items():
+        if name == "val" and not judge_val:
+            continue
+        if s["duplicate_window_rate"] > max_duplicate_rate:
+            reasons.append(
+                f"{name} duplicate-window rate {s['duplicate_window_rate']:.3%} > {max_duplicate_rate:.3%}"
+            )
+    if report["overlap_documents"] > max_overlap:
+        reasons.append(f"train/val overlap {report['overlap_documents']} documents > {max_overlap}")
+    return reasons
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m queue_providers.verify_diversity", description=__doc__.split("\n")[0]
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--data-dir", type=Path, help="the server's data root (reads queued files)")
+    where.add_argument("--address", help="a running server, host:port (consumes batches)")
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--splits", nargs="+", default=None, help="default: every split in meta")
+    parser.add_argument("--batches", type=int, default=100, help="batches per split")
+    parser.add_argument("--max-duplicate-rate", type=float, default=0.0)
+    parser.add_argument("--max-overlap", type=int, default=0)
+    parser.add_argument("--min-doc-tokens", type=int, default=16)
+    parser.add_argument(
+        "--judge-val-duplicates",
+        action="store_true",
+        help="fail on val's duplicate windows too (keep --batches below one val epoch)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.data_dir is not None:
+            root = Path(os.path.expanduser(args.data_dir))
+            meta = load_meta(dataset_dir(root, args.dataset) / META_FILE)
+            check = DiversityCheck(packing=_meta_packing(meta), min_doc_tokens=args.min_doc_tokens)
+            _from_data_dir(
+                root, args.dataset, args.splits or list(meta["split_info"]), args.batches, check
+            )
+        else:
+            check = _from_server(
+                args.address, args.dataset, args.splits, args.batches, args.min_doc_tokens
+            )
+    except (BatchQueueError, OSError, KeyError) as exc:
+        print(f"verify_diversity: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    report = check.report()
+    if not any(s["batches"] for s in report["splits"].values()):
+        print("verify_diversity: no batches found to check", file=sys.stderr)
+        return 2
+    verdict = judge(
+        report, args.max_duplicate_rate, args.max_overlap, judge_val=args.judge_val_duplicates
+    )
+    if args.json:
+        print(
+            json.dumps({**report, "ok": not verdict, "reasons": verdict}, indent=2, sort_keys=True)
+        )
+    else:
+        print(format_report(report, verdict))
+    return 1 if verdict else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
