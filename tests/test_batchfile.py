@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from queue_client import batchfile as bf
 from queue_client.batchfile import (
     BatchFileName,

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from queue_client.errors import ConfigError
 from queue_server.config import (
     DEFAULT_LISTEN,

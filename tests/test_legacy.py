@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from queue_client.errors import CorruptBatchFile, MetaError, UnknownSplit
 from queue_client.legacy import LegacyClient
 from queue_client.meta import dump_meta

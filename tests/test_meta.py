@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from queue_client.errors import MetaError
 from queue_client.meta import (
     REQUIRED_KEYS,

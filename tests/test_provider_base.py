@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from queue_client.batchfile import load_batch_file, scan_queue
 from queue_client.errors import ConfigError, MetaError, SchemaMismatch
 from queue_client.meta import validate_meta

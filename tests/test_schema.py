@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from queue_client.errors import MetaError, SchemaMismatch
 from queue_client.schema import (
     DTYPES,

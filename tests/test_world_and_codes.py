@@ -6,6 +6,7 @@ import inspect
 
 import grpc
 import pytest
+
 import queue_client
 from queue_client import codes, errors
 from queue_client.errors import InvalidRequest
