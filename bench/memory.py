@@ -1,7 +1,8 @@
 """Row 6: memory. The client's RSS against its cache window, and the server's with full backlogs.
 
-The client maps the file it reads and the prefetched next one, so its window is two files;
-files it has finished are unmapped as soon as no batch of theirs is alive. Each client runs in
+The client maps the file it reads and the prefetched next one; at a file boundary the finished
+file is unmapped by the background release job, so for a moment three files are mapped. Its
+window is therefore three files. Each client runs in
 its own process, reads every byte of every batch (as a copy to the GPU would) and samples its
 RSS at each file boundary: bounded means its peak RSS (VmHWM) above the baseline stays within
 the window, and the RSS floor does not rise with the number of files read. The prefetched file
@@ -130,10 +131,12 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
             raise RuntimeError(f"memory client mem_nb{nb}: {report['error']}")
         base = report["base"]["VmRSS"]
         rss = [a["VmRSS"] for a in report["after"]]
-        window = 2 * _file_mb(nb)
+        window = 3 * _file_mb(nb)
         above = max(report["end"]["VmHWM"], *rss) - base  # the peak, not only file ends
         half = max(1, len(rss) // 2)
-        growth = min(rss[half:] or rss) - min(rss[:half])  # a leak raises the floor
+        # A leak lifts the later floor above everything seen early on; one file more or less
+        # mapped at a sampled moment does not.
+        growth = min(rss[half:] or rss) - max(rss[:half])
         met = above <= window + _SLACK_MB and growth <= _SLACK_MB
         results.append(
             Result(
@@ -141,7 +144,7 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
                 f"client RSS above baseline, files of {nb} batches ({_file_mb(nb):.0f} MiB)",
                 above,
                 "MiB",
-                "cache window (2 files)",
+                "cache window (3 files)",
                 window,
                 "MiB",
                 above / window,
