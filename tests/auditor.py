@@ -28,7 +28,15 @@ from typing import Any
 from queue_client.batchfile import TMP_PREFIX, BatchFileName, quarantine_dir, queue_dir, scan_queue
 
 # The fields that must not move between the two GetStats calls around a disk scan.
-_STABLE = ("ready_files", "leased_files", "seqs_produced", "seqs_consumed", "seqs_quarantined", "quarantined_files", "worker_pids")
+_STABLE = (
+    "ready_files",
+    "leased_files",
+    "seqs_produced",
+    "seqs_consumed",
+    "seqs_quarantined",
+    "quarantined_files",
+    "worker_pids",
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,9 @@ class DiskView:
 
 def split_ints(split: Mapping[str, Any]) -> dict[str, Any]:
     """GetStats as MessageToDict gives it (int64 as str) with ints where ints belong."""
-    return {k: int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v for k, v in split.items()}
+    return {
+        k: int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v for k, v in split.items()
+    }
 
 
 def check_counts(split: Mapping[str, Any]) -> list[str]:
@@ -51,14 +61,22 @@ def check_counts(split: Mapping[str, Any]) -> list[str]:
     s = split_ints(split)
     name = s["split"]
     problems = []
-    parts = s["ready_files"] + s["leased_files"] + s["seqs_consumed"] + s["seqs_quarantined"] + s["seqs_missing"]
+    parts = (
+        s["ready_files"]
+        + s["leased_files"]
+        + s["seqs_consumed"]
+        + s["seqs_quarantined"]
+        + s["seqs_missing"]
+    )
     if s["seqs_produced"] != parts:
         problems.append(
             f"{name}: seqs_produced {s['seqs_produced']} != ready {s['ready_files']} + leased {s['leased_files']} "
             f"+ consumed {s['seqs_consumed']} + quarantined {s['seqs_quarantined']} + missing {s['seqs_missing']}"
         )
     if s["seqs_missing"] != 0:
-        problems.append(f"{name}: {s['seqs_missing']} seq(s) produced and gone from disk without being consumed")
+        problems.append(
+            f"{name}: {s['seqs_missing']} seq(s) produced and gone from disk without being consumed"
+        )
     if min(s["ready_files"], s["leased_files"], s["seqs_consumed"], s["seqs_quarantined"]) < 0:
         problems.append(f"{name}: a negative count in {s}")
     return problems
@@ -101,7 +119,9 @@ def check_disk(split: Mapping[str, Any], disk: DiskView) -> list[str]:
     problems = []
     expected = s["ready_files"] + s["leased_files"]
     if len(disk.published) != expected:
-        problems.append(f"{name}: {len(disk.published)} published files on disk, stats say ready + leased = {expected}: {[str(n) for n in disk.published]}")
+        problems.append(
+            f"{name}: {len(disk.published)} published files on disk, stats say ready + leased = {expected}: {[str(n) for n in disk.published]}"
+        )
     dup = [seq for seq, n in Counter(n.seq for n in disk.published).items() if n > 1]
     if dup:
         problems.append(f"{name}: seq(s) {dup} published more than once")
@@ -113,7 +133,9 @@ def check_disk(split: Mapping[str, Any], disk: DiskView) -> list[str]:
     if unexplained:
         problems.append(f"{name}: quarantined without a .reason.txt: {unexplained}")
     if len(disk.quarantined) != s["quarantined_files"]:
-        problems.append(f"{name}: {len(disk.quarantined)} files in quarantine/, stats say {s['quarantined_files']} were quarantined")
+        problems.append(
+            f"{name}: {len(disk.quarantined)} files in quarantine/, stats say {s['quarantined_files']} were quarantined"
+        )
     return problems
 
 
@@ -138,7 +160,9 @@ def check_clients(
         if twice:
             problems.append(f"{name}: seq(s) consumed by more than one lease: {twice[:20]}")
         if len(set(consumed_seqs)) != s["seqs_consumed"]:
-            problems.append(f"{name}: clients consumed {len(set(consumed_seqs))} distinct seqs, the server counts {s['seqs_consumed']}")
+            problems.append(
+                f"{name}: clients consumed {len(set(consumed_seqs))} distinct seqs, the server counts {s['seqs_consumed']}"
+            )
         back = sorted({n.seq for n in disk.published} & set(consumed_seqs))
         if back:
             problems.append(f"{name}: consumed seq(s) {back} are still published on disk")
@@ -160,11 +184,13 @@ def audit(
     while True:
         before = server.stats(dataset)
         assert_counts(before)
-        views = {s["split"]: disk_view(server.data_root, dataset, s["split"]) for s in before["splits"]}
+        views = {
+            s["split"]: disk_view(server.data_root, dataset, s["split"]) for s in before["splits"]
+        }
         after = server.stats(dataset)
         assert_counts(after)
         problems = []
-        for s1, s2 in zip(before["splits"], after["splits"]):
+        for s1, s2 in zip(before["splits"], after["splits"], strict=True):
             a, b = split_ints(s1), split_ints(s2)
             moved = [k for k in _STABLE if a[k] != b[k]]
             if moved:
@@ -175,5 +201,7 @@ def audit(
         if not problems:
             return {s["split"]: split_ints(s) for s in after["splits"]}
         if time.monotonic() > deadline:
-            raise AssertionError(f"audit of {dataset!r} failed after {timeout_s}s:\n" + "\n".join(problems))
+            raise AssertionError(
+                f"audit of {dataset!r} failed after {timeout_s}s:\n" + "\n".join(problems)
+            )
         time.sleep(0.05)  # poll interval of the retry loop above, bounded by the deadline

@@ -46,11 +46,17 @@ _DATASET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SPLIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
+def _clip(value: object, limit: int = 80) -> str:
+    """repr() of a rejected name, cut short: an error must not echo a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def check_dataset_name(name: str) -> str:
     """Reject names that could leave the data root (`..`, `/`, NUL, absolute paths)."""
     if not isinstance(name, str) or not _DATASET_RE.fullmatch(name) or ".." in name:
         raise InvalidRequest(
-            f"dataset name {name!r} is not allowed: use letters, digits, '.', '_' and '-' "
+            f"dataset name {_clip(name)} is not allowed: use letters, digits, '.', '_' and '-' "
             "(no '..', no '/'), at most 128 characters"
         )
     return name
@@ -59,7 +65,7 @@ def check_dataset_name(name: str) -> str:
 def check_split_name(split: str) -> str:
     if not isinstance(split, str) or not _SPLIT_RE.fullmatch(split):
         raise InvalidRequest(
-            f"split name {split!r} is not allowed: use letters, digits, '_' and '-'"
+            f"split name {_clip(split)} is not allowed: use letters, digits, '_' and '-'"
         )
     return split
 

@@ -354,3 +354,20 @@ class QueueClient:
             return
         with self._held_lock:
             ref.lease_id = lease.lease_id
+            released_meanwhile = ref.released
+        if released_meanwhile:
+            # The trainer finished with the file while we re-took it: end the new lease the
+            # same way, or it would expire and put a consumed seq back on disk.
+            request = pb.ReleaseLeaseRequest(
+                lease_id=lease.lease_id, client_id=self.client_id, outcome=pb.CONSUMED
+            )
+            try:
+                self._rpc.call("ReleaseLease", request)
+            except errors.BatchQueueError as exc:
+                log.warning(
+                    "releasing re-acquired %s/%s seq %d failed: %s",
+                    ref.dataset,
+                    ref.split,
+                    ref.seq,
+                    exc,
+                )

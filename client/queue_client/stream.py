@@ -195,9 +195,14 @@ class SplitStream:
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            raise errors.CorruptBatchFile(
-                f"{path} is not visible here: is data_root ({root}) the server's data root as mounted on this machine?"
-            ) from None
+            if not (root / self.source.dataset / "meta.pkl").exists():
+                # Not a bad file: this client looks in the wrong place. Nothing to quarantine.
+                raise errors.InvalidRequest(
+                    f"{path} is not visible here: data_root {root} does not hold the server's "
+                    f"dataset {self.source.dataset!r}; pass QueueClient(data_root=...) or set "
+                    "BATCHQUEUE_DATA_ROOT to where the server's data root is mounted"
+                ) from None
+            raise errors.CorruptBatchFile(f"{path} is missing from the data root") from None
         if size != lease.size_bytes:
             raise errors.CorruptBatchFile(
                 f"{path} has {size} bytes, the server wrote {lease.size_bytes}"

@@ -46,6 +46,8 @@ _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES}
 _DISK_BACKOFF_S = (0.2, 5.0)
 
 CONSUMED, RETURNED, CORRUPT = 1, 2, 3
+# The largest world size accepted: far beyond real jobs, small enough that per-rank work stays cheap.
+MAX_WORLD_SIZE = 65536
 
 
 @dataclass
@@ -150,6 +152,7 @@ class SplitQueue:
         self._failures = 0
         self._disk_backoff_until = 0.0
         self._disk_backoff_s = _DISK_BACKOFF_S[0]
+        self._retry_armed = False
         self._failed: str | None = None
         self._closed = False
         self.changed = Signal()
@@ -267,7 +270,9 @@ class SplitQueue:
         carried: bool = False,
     ) -> tuple[Lease, FileEntry]:
         self._check_serving()
-        if world_size < 1 or not 0 <= rank < world_size:
+        if not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise errors.InvalidRequest(f"world_size {world_size} is outside [1, {MAX_WORLD_SIZE}]")
+        if not 0 <= rank < world_size:
             raise errors.InvalidRequest(f"rank {rank} is outside [0, world_size={world_size})")
         if not client_id:
             raise errors.InvalidRequest("client_id is empty: each client process sends its own id")
@@ -473,8 +478,10 @@ class SplitQueue:
         """Give every idle worker its next job, if any is due."""
         if self._failed is not None or self._closed:
             return
-        now = asyncio.get_running_loop().time()
-        if now < self._disk_backoff_until:
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._disk_backoff_until:
+            # The timer that ends a backoff may fire a hair early (loops round to ms): re-arm.
+            self._arm_retry(self._disk_backoff_until - loop.time())
             return
         for w in range(self._n):
             if w in self._busy or self._workers[w] is None:
@@ -494,6 +501,12 @@ class SplitQueue:
         missing = self._missing_in_windows(w)
         if missing is not None:
             return missing, True
+        if self.config.mode == "deterministic" and not self._stateful:
+            # Every rank is past the seqs below the lowest frontier: jump over them at once
+            # (a rank may ask for a seq far ahead; skipping one by one would stall the loop).
+            floor = min(self._frontier(r) for r in self._active_ranks())
+            if self._next_forward[w] < floor:
+                self._next_forward[w] = floor + (w - floor) % self._n
         while True:
             seq = self._next_forward[w]
             if not self._in_window(seq):
@@ -509,16 +522,24 @@ class SplitQueue:
                 continue
             return seq, False
 
+    def _active_ranks(self) -> range | list[int]:
+        """Ranks whose windows matter: all of them for small worlds, else those seen."""
+        if self.world_size <= 1024:
+            return range(self.world_size)
+        seen = set(self._last_acquired) | {lease.rank for lease in self.leases.values()}
+        return sorted(seen) or [0]
+
     def _missing_in_windows(self, w: int) -> int | None:
         """A seq of worker w inside an active rank's window that was produced before but is not
         on disk (a rank rewound to a checkpoint): produce it again ahead of demand."""
         if self.config.mode != "deterministic":
             return None
         ws = self.world_size
-        for rank in self._last_acquired:
-            first = self._frontier(rank)
-            for k in range(self.config.max_backlog_files + 2):
-                seq = first + k * ws
+        for rank, asked in self._last_acquired.items():
+            # Only seqs after the rank's latest request: those before it were read already
+            # (consumed out of order, say) and must not come back unasked.
+            end = self._frontier(rank) + ws * (self.config.max_backlog_files + 2)
+            for seq in range(asked + ws, end, ws):
                 if seq >= self._next_forward[seq % self._n]:
                     break
                 if seq % self._n == w and seq not in self.files and seq not in self._in_production:
@@ -622,7 +643,18 @@ class SplitQueue:
             message,
             delay,
         )
-        loop.call_later(delay, self._kick)
+        self._arm_retry(delay)
+
+    def _arm_retry(self, delay: float) -> None:
+        if not self._retry_armed:
+            self._retry_armed = True
+            asyncio.get_running_loop().call_later(
+                max(0.0, delay) + 0.002, self._retry_after_backoff
+            )
+
+    def _retry_after_backoff(self) -> None:
+        self._retry_armed = False
+        self._kick()
 
     async def _worker_failed(self, w: int, message: str, restart: bool) -> None:
         self._failures += 1
