@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -300,10 +301,14 @@ def test_get_batch_after_a_timeout_skips_nothing(start_server) -> None:
                 rank1.get_batch("train")
                 got.append(rank1.state_dict()["splits"]["train"]["seq"])
         stuck = rank1.state_dict()["splits"]["train"]
-        with QueueClient(server.address, "d", rank=0, world_size=2) as rank0:
-            for _ in range(6 * NB):
-                rank0.get_batch("train")
-            rank1.get_batch("train")  # production moved on: the retry succeeds
+        rank0 = QueueClient(server.address, "d", rank=0, world_size=2, timeout_s=60)
+        for _ in range(6 * NB):
+            rank0.get_batch("train")
+        rank1.get_batch("train")  # production moved on: the retry succeeds
+        # rank 0's prefetch now waits on rank 1's window; close() must not wait out timeout_s.
+        began = time.monotonic()
+        rank0.close()
+        assert time.monotonic() - began < 30
         after = rank1.state_dict()["splits"]["train"]
     assert stuck["offset"] == 0 and after == {
         **stuck,

@@ -215,5 +215,5 @@ def test_get_batch_into_callers_buffers(start_server, corpus: Path) -> None:
             x, y = a.get_batch("train")
             got = b.get_batch("train", out=(x_buf, y_buf))
             assert got[0] is x_buf and torch.equal(x_buf, x) and torch.equal(y_buf, y)
-        with pytest.raises(SchemaMismatch, match="'x' must be a torch.int64 tensor of shape \\(4, 16\\)"):
+        with pytest.raises(SchemaMismatch, match=r"'x' must be a torch.int64 tensor of shape \(4, 16\)"):
             b.get_batch("train", out=(torch.empty(4, 8, dtype=torch.int64), y_buf))

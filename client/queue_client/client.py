@@ -38,8 +38,9 @@ from queue_client.world import World
 log = logging.getLogger("queue_client")
 
 # One AcquireLease call waits at most this long server-side; the client calls again until its
-# own timeout, so a slow provider never trips the RPC deadline.
-_ACQUIRE_SLICE_S = 10.0
+# own timeout, so a slow provider never trips the RPC deadline, and close() is never kept
+# waiting longer than one slice by a prefetch that cannot be served.
+_ACQUIRE_SLICE_S = 2.0
 
 Batch = tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]
 
@@ -73,6 +74,7 @@ class QueueClient:
         self.client_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._rpc = Rpc(address, auth_token=auth_token, reconnect_timeout_s=reconnect_timeout_s)
         self._closed = False
+        self._closing = False
         try:
             reply = self._rpc.call(
                 "GetMeta", pb.GetMetaRequest(dataset=self.dataset), timeout_s=timeout_s
@@ -203,6 +205,7 @@ class QueueClient:
         if self._closed:
             return
         self._closed = True
+        self._closing = True  # a prefetch still waiting for its file gives up at once
         for stream in self._streams.values():
             try:
                 stream.close()
@@ -253,6 +256,8 @@ class QueueClient:
         self, split: str, seq: int | None, deadline: float, carried: bool = False
     ) -> pb.Lease:
         while True:
+            if self._closing:
+                raise errors.InvalidRequest(f"the QueueClient for {self.dataset!r} was closed")
             remaining = deadline - time.monotonic()
             request = pb.AcquireLeaseRequest(
                 dataset=self.dataset,
