@@ -504,7 +504,11 @@ class SplitQueue:
         if self.config.mode == "deterministic" and not self._stateful:
             # Every rank is past the seqs below the lowest frontier: jump over them at once
             # (a rank may ask for a seq far ahead; skipping one by one would stall the loop).
-            floor = min(self._frontier(r) for r in self._active_ranks())
+            held: dict[int, int] = {}
+            for lease in self.leases.values():  # one pass, not one per rank
+                if lease.seq < held.get(lease.rank, lease.seq + 1):
+                    held[lease.rank] = lease.seq
+            floor = min(held.get(r, self._next_for(r)) for r in self._active_ranks())
             if self._next_forward[w] < floor:
                 self._next_forward[w] = floor + (w - floor) % self._n
         while True:
