@@ -153,6 +153,7 @@ class SplitQueue:
         self._disk_backoff_until = 0.0
         self._disk_backoff_s = _DISK_BACKOFF_S[0]
         self._retry_armed = False
+        self._leaving: set[int] = set()  # seqs whose file is being deleted or quarantined
         self._failed: str | None = None
         self._closed = False
         self.changed = Signal()
@@ -398,7 +399,7 @@ class SplitQueue:
             )
             self._consumed_by_rank[lease.rank] = self._consumed_by_rank.get(lease.rank, 0) + 1
             self.journal.append({"e": "c", "seq": lease.seq, "ws": lease.world_size})
-            self._spawn(asyncio.to_thread((self.dir / entry.name).unlink, True))
+            self._off_disk(entry.seq, lambda: (self.dir / entry.name).unlink(missing_ok=True))
         elif outcome == CORRUPT:
             self.quarantine_file(entry, reason or "reported corrupt by a client")
         self.changed.notify()
@@ -417,10 +418,24 @@ class SplitQueue:
                 shutil.move(src, dst)
                 dst.with_name(dst.name + ".reason.txt").write_text(reason + "\n", encoding="utf-8")
 
-        self._spawn(asyncio.to_thread(move))
+        self._off_disk(entry.seq, move)
         if self.config.mode == "deterministic":
             self._reproduce.add(entry.seq)
         log.warning("%s/%s seq %d quarantined: %s", self.config.name, self.split, entry.seq, reason)
+
+    def _off_disk(self, seq: int, remove: Callable[[], None]) -> None:
+        """Remove a file from the queue dir in a thread. Production waits until it is gone, so
+        the files on disk never exceed the windows, not even for a moment."""
+        self._leaving.add(seq)
+
+        async def run() -> None:
+            try:
+                await asyncio.to_thread(remove)
+            finally:
+                self._leaving.discard(seq)
+                self._kick()
+
+        self._spawn(run())
 
     async def _reap_leases(self) -> None:
         """Expire leases whose client stopped renewing; their files go back to the same seq."""
@@ -476,7 +491,7 @@ class SplitQueue:
 
     def _kick(self) -> None:
         """Give every idle worker its next job, if any is due."""
-        if self._failed is not None or self._closed:
+        if self._failed is not None or self._closed or self._leaving:
             return
         loop = asyncio.get_running_loop()
         if loop.time() < self._disk_backoff_until:
