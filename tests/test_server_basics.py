@@ -217,3 +217,16 @@ def test_get_batch_into_callers_buffers(start_server, corpus: Path) -> None:
             assert got[0] is x_buf and torch.equal(x_buf, x) and torch.equal(y_buf, y)
         with pytest.raises(SchemaMismatch, match=r"'x' must be a torch.int64 tensor of shape \(4, 16\)"):
             b.get_batch("train", out=(torch.empty(4, 8, dtype=torch.int64), y_buf))
+
+
+def test_embedded_default_dataset_serves_with_no_config(start_server) -> None:
+    """README's `make run`: no config at all serves stdlib_char, char-level text of Python's stdlib."""
+    from queue_providers.char_lm import stdlib_text
+
+    server = start_server(None)
+    with QueueClient(server.address, "stdlib_char") as client:
+        assert client.meta["training_type"] == "LM" and client.meta["source"] == "python-stdlib"
+        x, y = client.get_batch("train")
+        assert x.shape == (12, 256) and torch.equal(x[:, 1:], y[:, :-1])
+        text = "".join(client.meta["itos"][int(i)] for i in x[0])
+        assert text in stdlib_text()  # a real window of the standard library's source
