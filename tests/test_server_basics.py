@@ -200,22 +200,31 @@ def test_acquire_is_idempotent_per_client(start_server, corpus: Path) -> None:
 
 def test_logs_are_quiet_by_default_and_one_line_per_file_with_v(start_server, corpus: Path) -> None:
     quiet = start_server(char_config(corpus))
-    loud = start_server(char_config(corpus), args=("-v",), data_root=quiet.data_root.parent / "loud")
+    loud = start_server(
+        char_config(corpus), args=("-v",), data_root=quiet.data_root.parent / "loud"
+    )
     wait_until(lambda: quiet.split_stats("chars")["produced_files"] >= 4, what="production")
     wait_until(lambda: loud.split_stats("chars")["produced_files"] >= 4, what="production")
     assert "produced seq" not in quiet.log()
-    wait_until(lambda: loud.log().count("chars/train produced seq") >= 4, what="one log line per file")
+    wait_until(
+        lambda: loud.log().count("chars/train produced seq") >= 4, what="one log line per file"
+    )
 
 
 def test_get_batch_into_callers_buffers(start_server, corpus: Path) -> None:
     server = start_server(char_config(corpus))
-    with QueueClient(server.address, "chars") as a, QueueClient(server.address, "chars", rank=0) as b:
+    with (
+        QueueClient(server.address, "chars") as a,
+        QueueClient(server.address, "chars", rank=0) as b,
+    ):
         x_buf, y_buf = torch.empty(4, 16, dtype=torch.int64), torch.empty(4, 16, dtype=torch.int64)
         for _ in range(7):
             x, y = a.get_batch("train")
             got = b.get_batch("train", out=(x_buf, y_buf))
             assert got[0] is x_buf and torch.equal(x_buf, x) and torch.equal(y_buf, y)
-        with pytest.raises(SchemaMismatch, match=r"'x' must be a torch.int64 tensor of shape \(4, 16\)"):
+        with pytest.raises(
+            SchemaMismatch, match=r"'x' must be a torch.int64 tensor of shape \(4, 16\)"
+        ):
             b.get_batch("train", out=(torch.empty(4, 8, dtype=torch.int64), y_buf))
 
 
