@@ -6,7 +6,8 @@
     python -m bench --quick                # the smoke version CI runs: a few iterations per row
 
 Rows (the issue's numbering): 1 get_batch vs nanoGPT and a DataLoader, 2 copy vs memcpy,
-3 first batch of a file, 4 lease RPCs vs a bare echo, 5 trainer loop, 6 memory, 7 CUDA H2D.
+3 first batch of a file, 4 lease RPCs vs a bare echo, 5 trainer loop, 6 memory, 7 CUDA H2D,
+8 get_batch with curriculum selection vs FIFO.
 The suite starts and stops its own servers, in a temp directory it removes at the end.
 """
 
@@ -22,7 +23,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import cuda, data, first_batch, memory, rpc, steady, trainer_loop
+from bench import cuda, curriculum, data, first_batch, memory, rpc, steady, trainer_loop
 from bench.harness import Result, Settings
 from bench.report import machine, progress, table, write_json
 from bench.servers import start_all, stop_all
@@ -35,6 +36,7 @@ MODULES = [
     (("5",), trainer_loop, "trainer loop with 1, 2, 4 ranks"),
     (("6",), memory, "client and server memory"),
     (("7",), cuda, "CUDA H2D bandwidth"),
+    (("8",), curriculum, "get_batch with curriculum selection vs FIFO"),
 ]
 ALL_ROWS = [row for rows, _, _ in MODULES for row in rows]
 

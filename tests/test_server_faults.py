@@ -155,3 +155,37 @@ def test_dataset_dir_built_from_another_config_is_refused_not_deleted(
     error = server2.stats("chars")["last_error"]
     assert "another config" in error and "nothing is deleted" in error
     assert meta.read_bytes() == before
+
+
+def _process_gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie nobody has reaped yet counts as exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_die_with_a_killed_server_even_mid_file(start_server) -> None:
+    """A SIGKILLed server takes its busy workers with it, so none can publish a file or leave a
+    temp file behind after a restarted server has swept the queue directory."""
+    config = textwrap.dedent(
+        """
+        [datasets.slow]
+        provider = "bq_test_providers:SlowProvider"
+        batch_size = 2
+        batches_per_file = 4
+        [datasets.slow.args]
+        delay_s = 30.0
+        """
+    )
+    server = start_server(config, wait_serving=False)
+    pids = wait_until(
+        lambda: [int(p) for s in server.stats("slow")["splits"] for p in s["worker_pids"]],
+        60,
+        "the slow workers to start",
+    )
+    server.kill(signal.SIGKILL)
+    # Each worker is inside a 120 s file; left alone it would live on and publish it.
+    wait_until(lambda: all(_process_gone(p) for p in pids), 20, "the workers to exit")

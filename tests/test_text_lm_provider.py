@@ -377,3 +377,30 @@ def test_the_example_config_loads_and_serves(tmp_path: Path, monkeypatch) -> Non
     assert meta["split_info"]["val"]["documents"] == 1000
     t = produce(p, "train", 0, tmp_path / "q")
     assert tuple(t["input_ids"].shape) == (1, 4, 8, 1024)
+
+
+def test_corpus_sample_is_spread_over_every_file_not_a_prefix(tmp_path: Path) -> None:
+    """Eight files, each written in letters of its own: a small sample for a curriculum's
+    corpus distribution still sees every file's letters, in about equal measure."""
+    src = tmp_path / "src"
+    src.mkdir()
+    groups = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
+    rnd = random.Random(3)
+    for i, letters in enumerate(groups):
+        docs = ["".join(rnd.choices(letters, k=200)) for _ in range(30)]
+        (src / f"part{i}.txt").write_text("\n\n".join(docs) + "\n")
+    p = make(tmp_path, str(src / "*.txt"), separator="", eval_take=2)
+    meta = ready(p)
+    seen: list[int] = []
+    counts = p.corpus_token_counts("train", 4000, "input_ids", meta["vocab_size"], seen.append)
+    assert sum(seen) == int(counts.sum()) and 4000 <= sum(seen) < 4000 + 300
+    per_group = [sum(int(counts[ord(ch)]) for ch in letters) for letters in groups]
+    assert min(per_group) > 0.5 * max(per_group), per_group
+
+
+def test_data_identity_moves_when_a_file_changes(tmp_path: Path) -> None:
+    source, _ = write_corpus(tmp_path, 40)
+    before = make(tmp_path, source).data_identity()
+    assert make(tmp_path, source).data_identity() == before
+    Path(source).write_text(Path(source).read_text() + "\n\nD9999# more words\n")
+    assert make(tmp_path, source).data_identity() != before

@@ -4,6 +4,7 @@
     meta.pkl                      plain-data pickle (see meta.py)
     queue/<split>/{timestamp_ms}-{seq}-{nb}.pt
     queue/<split>/.tmp-*          being written; never read, removed at server start
+    candidates/<split>/           curriculum candidates (same format, with token histograms)
     quarantine/<split>/           files that failed to load, with a .reason.txt each
     journal/<split>.jsonl         the server's append-only log of produced and consumed seqs
 
@@ -22,7 +23,7 @@ import re
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ FORMAT_VERSION = 1
 
 META_FILE = "meta.pkl"
 QUEUE_DIR = "queue"
+CANDIDATES_DIR = "candidates"
 QUARANTINE_DIR = "quarantine"
 JOURNAL_DIR = "journal"
 EXT = ".pt"
@@ -76,6 +78,11 @@ def dataset_dir(root: Path, dataset: str) -> Path:
 
 def queue_dir(root: Path, dataset: str, split: str) -> Path:
     return dataset_dir(root, dataset) / QUEUE_DIR / check_split_name(split)
+
+
+def candidates_dir(root: Path, dataset: str, split: str) -> Path:
+    """Where a curriculum split's providers publish candidate files for the composer."""
+    return dataset_dir(root, dataset) / CANDIDATES_DIR / check_split_name(split)
 
 
 def quarantine_dir(root: Path, dataset: str, split: str) -> Path:
@@ -123,8 +130,13 @@ def write_batch_file(
     seq: int,
     tensors: Mapping[str, torch.Tensor],
     metadata: Mapping[str, Any],
+    extras: Mapping[str, torch.Tensor] | None = None,
 ) -> PublishedFile:
-    """Publish one batch file atomically. Tensors are [num_batches, batch_size, *sample_shape]."""
+    """Publish one batch file atomically. Tensors are [num_batches, batch_size, *sample_shape].
+
+    `extras` are tensors of any shape that travel with the file but are not batches (the
+    per-batch token histograms of a curriculum candidate); readers of batches ignore them.
+    """
     import torch
 
     if not tensors:
@@ -136,6 +148,8 @@ def write_batch_file(
         "metadata": {**metadata, "seq": seq, "num_batches": num_batches},
         "tensors": {k: v.contiguous() for k, v in tensors.items()},
     }
+    if extras:
+        payload["extras"] = {k: v.contiguous() for k, v in extras.items()}
     buf = io.BytesIO()
     torch.save(payload, buf)
     data = buf.getbuffer()
@@ -192,6 +206,7 @@ def file_crc32(path: Path) -> int:
 class BatchFile:
     metadata: dict[str, Any]
     tensors: dict[str, torch.Tensor]
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def load_batch_file(path: Path) -> BatchFile:
@@ -219,4 +234,9 @@ def load_batch_file(path: Path) -> BatchFile:
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.shape[0] != nb:
             raise CorruptBatchFile(f"{path}: tensor {name!r} does not hold {nb} batches")
-    return BatchFile(metadata, tensors)
+    extras = payload.get("extras") or {}
+    if not isinstance(extras, dict) or not all(
+        isinstance(t, torch.Tensor) for t in extras.values()
+    ):
+        raise CorruptBatchFile(f"{path}: extras is not a table of tensors")
+    return BatchFile(metadata, tensors, extras)

@@ -262,6 +262,7 @@ def _render_stats(doc: dict[str, Any]) -> Any:
         for col in ("split", "rank", "leased", "lag (files)", "last consumed seq"):
             ranks.add_column(col, justify="left" if col == "split" else "right")
         notes = [ds["last_error"]]
+        curricula: list[str] = []
         for s in ds["splits"]:
             splits.add_row(
                 s["split"], _bar(s["backlog_files"], s["backlog_limit"]), f"{s['produced_files']} {_rate_text(s['produced_per_s'])}",
@@ -279,7 +280,15 @@ def _render_stats(doc: dict[str, Any]) -> Any:
                 notes.append(f"{s['split']}: {s['worker_restarts']} worker restart(s)")
             if s["last_disk_error"]:
                 notes.append(f"{s['split']}: {s['last_disk_error']}")
+            cur = s.get("curriculum")
+            if cur:
+                curricula.append(
+                    f"{s['split']}: curriculum alpha {cur['alpha']:.3f}, KL to target "
+                    f"{cur['kl_to_target']:.4f} nats, buffer {cur['buffer_batches']} batches, "
+                    f"{cur['candidate_files']} candidate files"
+                )
         parts += [splits, ranks]
+        parts += [Text(line) for line in curricula]
         parts += [Text(note, style="red") for note in notes if note]
     return Group(*parts)
 

@@ -141,6 +141,40 @@ class QueueClient:
         self._transfer.into(views, targets)
         return out
 
+    def set_curriculum(self, alpha: float | None, split: str = "train") -> int:
+        """Set the curriculum's alpha (None: back to the config schedule) for a dataset served
+        with selection = "curriculum"; returns the first served seq composed with it.
+
+        The change is anchored to this rank's position in its stream, so the same calls at the
+        same steps give the same batches: it reaches this rank within max_backlog_files + 3
+        files. Call it from every rank at the same step, or from one; both are deterministic.
+        """
+        self._check_split(split)
+        if alpha is not None and not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
+            raise errors.InvalidRequest(f"alpha {alpha!r} is outside [0, 1]")
+        request = pb.SetCurriculumRequest(
+            dataset=self.dataset,
+            split=split,
+            position_seq=self._position(split),
+            rank=self.world.rank,
+        )
+        if alpha is not None:
+            request.alpha = float(alpha)
+        reply = self._rpc.call("SetCurriculum", request, timeout_s=self.timeout_s)
+        return int(reply.effective_seq)
+
+    def _position(self, split: str) -> int:
+        """The seq of the file this rank reads now (or reads first, before any batch)."""
+        if self.mode != "deterministic":
+            return self.world.rank  # the server refuses the call, naming the dataset's mode
+        stream = self._streams.get(split)
+        if stream is not None and stream.current is not None:
+            return int(stream.current.seq)
+        plan = stream.plan() if stream is not None else self._resume.get(split)
+        if plan is not None:
+            return int(plan.items[0][0]) if plan.items else int(plan.next_seq)
+        return self.world.rank
+
     def schema(self, split: str) -> tuple[FieldSpec, ...]:
         self._check_split(split)
         return split_schema(self.meta, split)
@@ -253,7 +287,12 @@ class QueueClient:
 
     # ---- leases (called from the prefetch thread) -------------------------------------------
     def acquire(
-        self, split: str, seq: int | None, deadline: float, carried: bool = False
+        self,
+        split: str,
+        seq: int | None,
+        deadline: float,
+        carried: bool = False,
+        reacquire: bool = False,
     ) -> pb.Lease:
         while True:
             if self._closing:
@@ -267,6 +306,7 @@ class QueueClient:
                 client_id=self.client_id,
                 wait_ms=int(max(1, min(remaining, _ACQUIRE_SLICE_S)) * 1000),
                 carried=carried,
+                reacquire=reacquire,
             )
             if seq is not None:
                 request.seq = seq
@@ -305,7 +345,9 @@ class QueueClient:
             self._rpc.call("ReleaseLease", request)
         except errors.UnknownLease:
             # Lost (the server restarted): take it again under this client, then release.
-            lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s, ref.carried)
+            lease = self.acquire(
+                ref.split, ref.seq, time.monotonic() + self.timeout_s, ref.carried, reacquire=True
+            )
             request.lease_id = lease.lease_id
             self._rpc.call("ReleaseLease", request)
 
@@ -351,7 +393,9 @@ class QueueClient:
     def _reacquire(self, ref: LeaseRef) -> None:
         """After a server restart the file is still ours: lease the same seq again."""
         try:
-            lease = self.acquire(ref.split, ref.seq, time.monotonic() + self.timeout_s, ref.carried)
+            lease = self.acquire(
+                ref.split, ref.seq, time.monotonic() + self.timeout_s, ref.carried, reacquire=True
+            )
         except errors.BatchQueueError as exc:
             log.warning(
                 "re-acquiring %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc

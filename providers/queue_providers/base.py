@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import json
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,9 @@ class ProviderContext:
     verbose: bool = False
     # Provider-independent facts recorded into meta (the config fingerprint, the provider name).
     extra_meta: Mapping[str, Any] = field(default_factory=dict)
+    # The schema field whose per-batch token histograms go into each file ("" for none): set
+    # for the workers of a curriculum split, whose composer scores batches by them.
+    histogram_field: str = ""
 
 
 def derive_seed(seed: int, *parts: object) -> int:
@@ -129,10 +134,114 @@ class DataProviderBase(abc.ABC):
             "produced_at_ms": int(time.time() * 1000),
             "schema": [f.to_dict() for f in schema],
         }
-        return write_batch_file(Path(directory), seq=seq, tensors=tensors, metadata=metadata)
+        extras = None
+        if self.context.histogram_field:
+            extras = token_histograms(tensors, self.context.histogram_field)
+            metadata["histogram_field"] = self.context.histogram_field
+        return write_batch_file(
+            Path(directory), seq=seq, tensors=tensors, metadata=metadata, extras=extras
+        )
+
+    def corpus_token_counts(
+        self,
+        split: str,
+        n_tokens: int,
+        field_name: str,
+        vocab_size: int,
+        progress: Callable[[int], None] = lambda _n: None,
+    ) -> torch.Tensor:
+        """Token counts (int64 [vocab_size]) of about n_tokens tokens spread over all the data.
+
+        The default draws batches from seeds of their own, which for providers that sample
+        random windows (char_lm, nanogpt_bin) is a uniform sample of the whole corpus. A
+        provider that streams documents in order overrides this, or it would count a prefix.
+        `progress(n)` is told how many tokens were added.
+        """
+        counts = torch.zeros(vocab_size, dtype=torch.int64)
+        seen, draw = 0, 0
+        while seen < n_tokens:
+            rng = torch.Generator().manual_seed(
+                derive_seed(self.context.seed, "corpus", split, draw)
+            )
+            tokens = self.sample_batch(split, rng)[field_name].reshape(-1).to(torch.int64)
+            tokens = tokens[tokens >= 0]
+            counts += torch.bincount(tokens, minlength=vocab_size)[:vocab_size]
+            seen += int(tokens.numel())
+            draw += 1
+            progress(int(tokens.numel()))
+            if tokens.numel() == 0 and draw > 1000:
+                raise ValueError(f"field {field_name!r} of split {split!r} holds no token ids >= 0")
+        return counts
+
+    def data_identity(self) -> str:
+        """What the data is, for caches derived from it: every file or directory named by an
+        arg (with its size and mtime), plus the args themselves. A provider whose data lives
+        elsewhere overrides this."""
+        return json.dumps(_describe_paths(self.args_for_identity()), sort_keys=True, default=str)
+
+    def args_for_identity(self) -> Mapping[str, Any]:
+        """The config args, as the worker received them (set by the registry)."""
+        return getattr(self, "_config_args", {})
 
     def on_start(self) -> None:
         """Called once in the worker process before the first file."""
 
     def on_stop(self) -> None:
         """Called once when the worker process shuts down cleanly."""
+
+
+def token_histograms(
+    tensors: Mapping[str, torch.Tensor], field_name: str
+) -> dict[str, torch.Tensor]:
+    """Per-batch sparse token histograms of one field, in CSR form (see FORMAT.md)."""
+    if field_name not in tensors:
+        raise MetaError(
+            f"histogram field {field_name!r} is not in the batch; fields are {sorted(tensors)}"
+        )
+    values = tensors[field_name]
+    if values.dtype.is_floating_point or values.dtype == torch.bool:
+        raise MetaError(f"histogram field {field_name!r} holds {values.dtype}, not token ids")
+    offsets, ids, counts = [0], [], []
+    for batch in values.reshape(values.shape[0], -1).to(torch.int64):
+        unique, count = torch.unique(batch[batch >= 0], return_counts=True)
+        ids.append(unique.to(torch.int32))
+        counts.append(count.to(torch.int32))
+        offsets.append(offsets[-1] + int(unique.numel()))
+    return {
+        "token_hist_offsets": torch.tensor(offsets, dtype=torch.int64),
+        "token_hist_ids": torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32),
+        "token_hist_counts": torch.cat(counts) if counts else torch.zeros(0, dtype=torch.int32),
+    }
+
+
+def _describe_paths(value: Any) -> Any:
+    """`value` with every string that names an existing path replaced by what it holds now."""
+    if isinstance(value, Mapping):
+        return {str(k): _describe_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_describe_paths(v) for v in value]
+    if isinstance(value, str) and value and len(value) < 4096:
+        path = Path(value)
+        try:
+            if path.is_file():
+                st = path.stat()
+                return {"path": value, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            if path.is_dir():
+                entries = []
+                for root, dirs, files in os.walk(path):
+                    dirs.sort()
+                    for name in sorted(files):
+                        st = os.stat(os.path.join(root, name))
+                        entries.append(
+                            [
+                                os.path.relpath(os.path.join(root, name), path),
+                                st.st_size,
+                                st.st_mtime_ns,
+                            ]
+                        )
+                        if len(entries) >= 100_000:
+                            break
+                return {"dir": value, "files": entries}
+        except OSError:
+            return value
+    return value

@@ -65,4 +65,6 @@ def check_args(cls: type[DataProviderBase], args: dict[str, Any], where: str) ->
 def create(name: str, context: ProviderContext, args: dict[str, Any]) -> DataProviderBase:
     cls = resolve(name)
     check_args(cls, args, f"datasets.{context.dataset_name}.args")
-    return cls(context, **args)
+    provider = cls(context, **args)
+    provider._config_args = dict(args)  # for data_identity(): what the data caches depend on
+    return provider

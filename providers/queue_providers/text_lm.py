@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from queue_client.batchfile import PublishedFile
@@ -28,6 +29,7 @@ from queue_providers.text.errors import CorpusError
 from queue_providers.text.files import corpus_digest, discover
 from queue_providers.text.packing import IGNORE, PACKING_MODES
 from queue_providers.text.plan import (
+    CHUNKS_PER_WORKER,
     Boundary,
     find_boundary,
     iter_corpus,
@@ -35,11 +37,14 @@ from queue_providers.text.plan import (
     shard,
     split_ranges,
 )
-from queue_providers.text.readers import ReadOptions
+from queue_providers.text.readers import ReadOptions, iter_docs
 from queue_providers.text.stream import SplitStream, StreamConfig
 from queue_providers.text.tokenizer import KINDS, TextTokenizer, load_tokenizer, prepare_tokenizer
 
 __all__ = ["CorpusError", "TextLMProvider"]
+
+# Chunks the corpus sample of a curriculum is drawn from, each an equal share.
+_SAMPLE_CHUNKS = 256
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -223,6 +228,58 @@ class TextLMProvider(DataProviderBase):
         except BaseException:
             self.load_state_dict(split, before)
             raise
+
+    # ---- curriculum ---------------------------------------------------------------------------
+    def data_identity(self) -> str:
+        """The corpus's files (names, sizes, mtimes) and the args: what a corpus sample of it
+        depends on, besides the tokenizer."""
+        return json.dumps([corpus_digest(self.files), self.args_for_identity()], default=str)
+
+    def corpus_token_counts(
+        self,
+        split: str,
+        n_tokens: int,
+        field_name: str,
+        vocab_size: int,
+        progress: Callable[[int], None] = lambda _n: None,
+    ) -> torch.Tensor:
+        """Token counts of about n_tokens tokens from every part of the split: the split is
+        cut into about _SAMPLE_CHUNKS chunks across all of its files (by size), and the sample
+        takes a document from each chunk in turn, round after round, visiting the chunks in an
+        order that spreads any prefix of it evenly. Not a prefix of the
+        stream, which would see one shard only."""
+        if self._meta is None or self.tokenizer is None:
+            raise MetaError("TextLMProvider: set_meta() must run before the corpus is sampled")
+        raw = self._meta["text_lm"]["boundary"]
+        boundary = None if raw is None else Boundary(int(raw[0]), int(raw[1]))
+        ranges = split_ranges(self.files, boundary)
+        if split not in ranges:
+            raise MetaError(f"text_lm has no split {split!r}; it has {sorted(ranges)}")
+        chunks = make_chunks(self.files, ranges[split], max(1, _SAMPLE_CHUNKS // CHUNKS_PER_WORKER))
+        # Chunks in bit-reversed order: any first k of them are spread evenly over the split.
+        bits = max(1, (len(chunks) - 1).bit_length())
+        order = sorted(range(len(chunks)), key=lambda i: int(f"{i:0{bits}b}"[::-1], 2))
+        readers = [
+            iter_docs(self.files[chunks[i].file], chunks[i].start, chunks[i].end, self.opts)
+            for i in order
+        ]
+        counts = np.zeros(vocab_size, np.int64)
+        taken = 0
+        while readers and taken < n_tokens:
+            alive = []
+            for reader in readers:
+                doc = next(reader, None)
+                if doc is None:
+                    continue
+                alive.append(reader)
+                ids, _ = self.tokenizer.encode_docs([doc[1]])
+                counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
+                taken += len(ids)
+                progress(len(ids))
+                if taken >= n_tokens:
+                    break
+            readers = alive
+        return torch.from_numpy(counts)
 
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self, split: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ else:  # pragma: no cover
 DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_CONFIG = Path(__file__).with_name("default_config.toml")
 MODES = ("deterministic", "best_effort")
+SELECTIONS = ("fifo", "curriculum")
 
 
 def _check(cond: bool, key: str, value: Any, expected: str) -> None:
@@ -74,6 +75,25 @@ class DatasetConfig:
     max_lead: int = 4
     # Worker crashes (process death or a raised error) in a row before the dataset is failed.
     max_worker_restarts: int = 3
+    # "fifo": files are served as produced; "curriculum": each served batch is picked from a
+    # buffer of candidates by token neglect against an alpha-blended target (docs/curriculum.md).
+    selection: str = "fifo"
+    # Curriculum: candidate batches in the buffer, and candidates ingested per served batch.
+    candidate_buffer: int = 1000
+    candidate_oversample: float = 2.0
+    # Curriculum: alpha of target = (1 - alpha) * corpus + alpha * uniform, before any schedule
+    # point or SetCurriculum call; a schedule is a list of [x, alpha] points over
+    # curriculum_schedule_unit ("step": batches per rank, or "tokens": tokens served).
+    curriculum_alpha: float = 1.0
+    curriculum_schedule: list[list[float]] = field(default_factory=list)
+    curriculum_schedule_unit: str = "step"
+    # Curriculum: tokens sampled (spread over all of the data) to estimate the corpus distribution.
+    starting_estimation_token_count: int = 10_000_000
+    # Curriculum: the batch field whose token ids are scored ("" picks the meta's token_field,
+    # else "x" or "input_ids").
+    curriculum_field: str = ""
+    # Curriculum: the splits it applies to; the others (val) are served as produced.
+    curriculum_splits: list[str] = field(default_factory=lambda: ["train"])
     args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +120,68 @@ class DatasetConfig:
         )
         _check(self.mode in MODES, f"{where}.mode", self.mode, f"one of {MODES}")
         _check(isinstance(self.args, dict), f"{where}.args", self.args, "a table")
+        self._check_curriculum(where)
+
+    def _check_curriculum(self, where: str) -> None:
+        from queue_server.curriculum.schedule import UNITS, check_points
+
+        _check(
+            self.selection in SELECTIONS,
+            f"{where}.selection",
+            self.selection,
+            f"one of {SELECTIONS}",
+        )
+        if self.selection == "curriculum" and self.mode != "deterministic":
+            raise ConfigError(
+                f'{where}.selection = "curriculum" needs mode = "deterministic" (it is {self.mode!r}): '
+                "served batches are composed in seq order"
+            )
+        _check(
+            _is_int(self.candidate_buffer) and self.candidate_buffer >= 1,
+            f"{where}.candidate_buffer",
+            self.candidate_buffer,
+            "an integer >= 1",
+        )
+        _check(
+            _is_number(self.candidate_oversample) and self.candidate_oversample >= 1,
+            f"{where}.candidate_oversample",
+            self.candidate_oversample,
+            "a number >= 1",
+        )
+        _check(
+            _is_number(self.curriculum_alpha) and 0 <= self.curriculum_alpha <= 1,
+            f"{where}.curriculum_alpha",
+            self.curriculum_alpha,
+            "a number in [0, 1]",
+        )
+        check_points(self.curriculum_schedule, f"{where}.curriculum_schedule")
+        _check(
+            self.curriculum_schedule_unit in UNITS,
+            f"{where}.curriculum_schedule_unit",
+            self.curriculum_schedule_unit,
+            f"one of {UNITS}",
+        )
+        _check(
+            _is_int(self.starting_estimation_token_count)
+            and self.starting_estimation_token_count >= 1,
+            f"{where}.starting_estimation_token_count",
+            self.starting_estimation_token_count,
+            "an integer >= 1",
+        )
+        _check(
+            isinstance(self.curriculum_splits, list)
+            and bool(self.curriculum_splits)
+            and all(isinstance(x, str) and x for x in self.curriculum_splits),
+            f"{where}.curriculum_splits",
+            self.curriculum_splits,
+            'a non-empty list of split names such as ["train"]',
+        )
+        _check(
+            isinstance(self.curriculum_field, str),
+            f"{where}.curriculum_field",
+            self.curriculum_field,
+            "a field name",
+        )
 
     def fingerprint(self) -> str:
         """What the produced data depends on; a dataset dir built under another is refused."""
@@ -111,6 +193,18 @@ class DatasetConfig:
             "workers": self.workers,
             "args": self.args,
         }
+        if self.selection != "fifo":  # what is served depends on these too
+            keyed["curriculum"] = [
+                self.selection,
+                self.candidate_buffer,
+                self.candidate_oversample,
+                self.curriculum_alpha,
+                self.curriculum_schedule,
+                self.curriculum_schedule_unit,
+                self.starting_estimation_token_count,
+                self.curriculum_field,
+                self.curriculum_splits,
+            ]
         return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[
             :16
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +21,17 @@ from queue_client.meta import (
 )
 from queue_client.schema import FieldSpec
 from queue_server.config import DatasetConfig, ServerConfig
+from queue_server.curriculum.composer import ComposerSettings
+from queue_server.curriculum.lane import CurriculumLane
+from queue_server.curriculum.schedule import AlphaSchedule
 from queue_server.split_queue import SplitQueue
 from queue_server.workers import WorkerDied, WorkerError, WorkerProcess
 
 log = logging.getLogger("queue_server.dataset")
 
 STARTING, SERVING, FAILED = "starting", "serving", "failed"
+# The composer's pins on candidate files never expire: they end when a candidate retires.
+_PINNED_TTL_S = 1e9
 
 
 class DatasetRuntime:
@@ -53,7 +59,7 @@ class DatasetRuntime:
     def name(self) -> str:
         return self.config.name
 
-    def _worker(self, split: str, index: int) -> WorkerProcess:
+    def _worker(self, split: str, index: int, histogram_field: str = "") -> WorkerProcess:
         init = {
             "data_root": str(self.server.data_root),
             "dataset": self.config.name,
@@ -69,10 +75,41 @@ class DatasetRuntime:
                 "provider": self.config.provider,
                 "config_fingerprint": self.config.fingerprint(),
             },
+            "histogram_field": histogram_field,
         }
         return WorkerProcess(
             f"{self.config.name}/{split} worker {index}", init, self.server.config_dir
         )
+
+    def _lane(self, split: str) -> CurriculumLane:
+        """The producer of a curriculum split: its candidate queue and its composer."""
+        settings, field_name = curriculum_settings(self.config, self.meta, split)
+        candidates = SplitQueue(
+            dataclasses.replace(
+                self.config, max_backlog_files=settings.candidate_backlog, selection="fifo"
+            ),
+            split,
+            self.server.data_root,
+            _PINNED_TTL_S,
+            lambda index: self._worker(split, index, histogram_field=field_name),
+            self.meta_json,
+            self.fail,
+            verbose=self.server.verbose,
+            candidates=True,
+        )
+        init = {
+            "split": split,
+            "settings": settings.to_json(),
+            "field": field_name,
+            "n_tokens": self.config.starting_estimation_token_count,
+            "meta_json": self.meta_json,
+        }
+        composer = WorkerProcess(
+            f"{self.config.name}/{split} composer",
+            self._worker(split, 0).init_request,
+            self.server.config_dir,
+        )
+        return CurriculumLane(f"{self.config.name}/{split} curriculum", composer, candidates, init)
 
     async def start(self) -> None:
         try:
@@ -113,14 +150,26 @@ class DatasetRuntime:
             await asyncio.to_thread(dump_meta, meta_path, meta)
         self.meta = meta
         self.meta_json = meta_to_json(meta)
+        if self.config.selection == "curriculum":
+            unknown = sorted(set(self.config.curriculum_splits) - set(meta["split_info"]))
+            if unknown:
+                raise errors.ConfigError(
+                    f"datasets.{self.config.name}.curriculum_splits names {unknown}, which "
+                    f"the dataset lacks; its splits are {sorted(meta['split_info'])}"
+                )
         for split in meta["split_info"]:
             check_split_name(split)
+            if self.config.selection == "curriculum" and split in self.config.curriculum_splits:
+                curriculum_settings(self.config, meta, split)  # a bad field fails here, named
+                make = lambda index, split=split: self._lane(split)  # noqa: E731
+            else:
+                make = lambda index, split=split: self._worker(split, index)  # noqa: E731
             queue = SplitQueue(
                 self.config,
                 split,
                 self.server.data_root,
                 self.server.lease_ttl_s,
-                lambda index, split=split: self._worker(split, index),
+                make,
                 self.meta_json,
                 self.fail,
                 verbose=self.server.verbose,
@@ -168,3 +217,44 @@ class DatasetRuntime:
 
 def resolve_data_root(root: Path) -> Path:
     return Path(root).expanduser().resolve()
+
+
+def curriculum_settings(
+    config: DatasetConfig, meta: dict[str, Any], split: str
+) -> tuple[ComposerSettings, str]:
+    """The composer's settings for one split, and the field it scores; errors name the key."""
+    where = f"datasets.{config.name}"
+    vocab_size = meta.get("vocab_size")
+    if not isinstance(vocab_size, int) or vocab_size < 1:
+        raise errors.ConfigError(
+            f'{where}.selection = "curriculum" needs a vocab_size in meta; provider '
+            f"{config.provider!r} declares {vocab_size!r}"
+        )
+    schema = {f.name: f for f in split_schema(meta, split)}
+    field_name = config.curriculum_field or meta.get("token_field") or ""
+    if not field_name:
+        field_name = next((n for n in ("x", "input_ids") if n in schema), "")
+    spec = schema.get(field_name)
+    if spec is None:
+        raise errors.ConfigError(
+            f"{where}.curriculum_field = {field_name!r} is not a field of split {split!r}; "
+            f"its fields are {sorted(schema)}"
+        )
+    if not spec.dtype.startswith(("int", "uint")):
+        raise errors.ConfigError(
+            f"{where}.curriculum_field = {field_name!r} holds {spec.dtype}, not token ids"
+        )
+    schedule = AlphaSchedule(
+        float(config.curriculum_alpha),
+        tuple((float(x), float(a)) for x, a in config.curriculum_schedule),
+        config.curriculum_schedule_unit,
+    )
+    settings = ComposerSettings(
+        vocab_size=vocab_size,
+        batches_per_file=config.batches_per_file,
+        candidate_batches_per_file=config.batches_per_file,
+        capacity=max(config.candidate_buffer, config.batches_per_file),
+        oversample=float(config.candidate_oversample),
+        schedule=schedule,
+    )
+    return settings, field_name

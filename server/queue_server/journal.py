@@ -45,6 +45,8 @@ class JournalSummary:
     world_size: int = 1
     # rank -> last consumed seq, under world_size.
     last_consumed: dict[int, int] = field(default_factory=dict)
+    # SetCurriculum calls in order: (first seq, alpha or None).
+    alpha_overrides: list[tuple[int, float | None]] = field(default_factory=list)
 
 
 class Journal:
@@ -92,6 +94,8 @@ class Journal:
                 w = rec.get("ws", 1)
                 summary.world_size = w
                 summary.last_consumed[seq % w] = max(seq, summary.last_consumed.get(seq % w, -1))
+            elif kind == "alpha":
+                summary.alpha_overrides.append((int(rec["at"]), rec.get("alpha")))
             elif kind == "q":
                 summary.quarantined_count += 1
                 summary.quarantined[seq] = rec.get("why", "")

@@ -81,6 +81,28 @@ class QueueCollector:
                 labels=labels,
             ),
         }
+        curriculum = {
+            "alpha": GaugeMetricFamily(
+                "batchqueue_curriculum_alpha",
+                "Curriculum alpha of the last composed batch (1 uniform, 0 corpus)",
+                labels=labels,
+            ),
+            "kl_to_target": GaugeMetricFamily(
+                "batchqueue_curriculum_kl_to_target",
+                "KL divergence of the served tokens to the curriculum target, nats",
+                labels=labels,
+            ),
+            "buffer_batches": GaugeMetricFamily(
+                "batchqueue_curriculum_buffer_batches",
+                "Candidate batches in the curriculum buffer",
+                labels=labels,
+            ),
+            "candidate_files": GaugeMetricFamily(
+                "batchqueue_curriculum_candidate_files",
+                "Curriculum candidate files on disk",
+                labels=labels,
+            ),
+        }
         for name, runtime in self._datasets.items():
             up.add_metric([name], 1.0 if runtime.state == "serving" else 0.0)
             for split, queue in runtime.splits.items():
@@ -92,8 +114,12 @@ class QueueCollector:
                 gauges["world"].add_metric(key, snap.world_size)
                 for attr, family in counters.items():
                     family.add_metric(key, getattr(snap.counters, attr))
+                for attr, family in curriculum.items():
+                    if snap.curriculum is not None and attr in snap.curriculum:
+                        family.add_metric(key, float(snap.curriculum[attr]))
         yield up
         yield from gauges.values()
+        yield from curriculum.values()
         yield from counters.values()
 
 

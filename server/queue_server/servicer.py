@@ -158,6 +158,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
                     seqs_consumed=snap.seqs_consumed,
                     seqs_quarantined=snap.seqs_quarantined,
                     seqs_missing=snap.seqs_missing,
+                    curriculum=_curriculum_stats(snap.curriculum),
                     ranks=[
                         pb.RankStats(
                             rank=r.rank,
@@ -185,7 +186,13 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         world_size = request.world_size or 1
         seq = request.seq if request.HasField("seq") else None
         lease, entry = await queue.acquire(
-            request.rank, world_size, request.client_id, seq, wait_s, request.carried
+            request.rank,
+            world_size,
+            request.client_id,
+            seq,
+            wait_s,
+            request.carried,
+            pin=request.reacquire,
         )
         return pb.Lease(
             lease_id=lease.lease_id,
@@ -214,6 +221,17 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             self._metrics.observe_wait(queue.config.name, queue.split, request.waited_s)
         return pb.ReleaseLeaseResponse()
 
+    @_translate
+    async def SetCurriculum(
+        self, request: pb.SetCurriculumRequest, context: Any
+    ) -> pb.SetCurriculumResponse:
+        runtime = await self._dataset(request.dataset, self._wait_s)
+        queue = self._queue(runtime, request.split or "train")
+        alpha = request.alpha if request.HasField("alpha") else None
+        position = request.position_seq if request.HasField("position_seq") else None
+        at = queue.set_curriculum(alpha, position, request.rank)
+        return pb.SetCurriculumResponse(effective_seq=at)
+
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
         return pb.PingResponse(payload=request.payload)
 
@@ -235,3 +253,18 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             if not queue.renew(lease_id, request.client_id):
                 lost.append(lease_id)
         return pb.RenewLeasesResponse(lost_lease_ids=lost, ttl_ms=self._ttl_ms)
+
+
+def _curriculum_stats(stats: dict[str, Any] | None) -> pb.CurriculumStats | None:
+    if stats is None:
+        return None
+    return pb.CurriculumStats(
+        alpha=float(stats.get("alpha", 0.0)),
+        kl_to_target=float(stats.get("kl_to_target", 0.0)),
+        buffer_batches=int(stats.get("buffer_batches", 0)),
+        served_tokens=int(stats.get("served_tokens", 0)),
+        candidates_ingested=int(stats.get("candidates_ingested", 0)),
+        candidates_culled=int(stats.get("candidates_culled", 0)),
+        candidate_files=int(stats.get("candidate_files", 0)),
+        overrides=int(stats.get("overrides", 0)),
+    )

@@ -28,6 +28,7 @@ from typing import Any
 
 from queue_client import errors
 from queue_client.batchfile import (
+    candidates_dir,
     quarantine_dir,
     queue_dir,
     remove_temp_files,
@@ -102,6 +103,7 @@ class SplitSnapshot:
     ranks: list[RankView] = field(default_factory=list)
     worker_pids: list[int] = field(default_factory=list)
     last_disk_error: str = ""
+    curriculum: dict[str, Any] | None = None
     seqs_produced: int = 0
     seqs_consumed: int = 0
     seqs_quarantined: int = 0
@@ -119,24 +121,41 @@ class SplitQueue:
         meta_json: str,
         on_fatal: Callable[[str], None],
         verbose: bool = False,
+        candidates: bool = False,
     ) -> None:
         self.verbose = verbose
         self.last_error = ""
         self.last_disk_error = ""
         self.config = config
         self.split = split
-        self.dir = queue_dir(data_root, config.name, split)
-        self.quarantine = quarantine_dir(data_root, config.name, split)
+        # A curriculum split is served by one composer "worker" (a CurriculumLane); its
+        # candidates are a SplitQueue of their own (candidates=True) in candidates/<split>.
+        self.is_candidates = candidates
+        self.curriculum = (
+            config.selection == "curriculum"
+            and split in config.curriculum_splits
+            and not candidates
+        )
+        if candidates:
+            self.dir = candidates_dir(data_root, config.name, split)
+            self.quarantine = quarantine_dir(data_root, config.name, split) / "candidates"
+            journal = data_root / config.name / "journal" / f"{split}.candidates.jsonl"
+        else:
+            self.dir = queue_dir(data_root, config.name, split)
+            self.quarantine = quarantine_dir(data_root, config.name, split)
+            journal = data_root / config.name / "journal" / f"{split}.jsonl"
         self.lease_ttl_s = lease_ttl_s
         self._make_worker = make_worker
         self._meta_json = meta_json
         self._on_fatal = on_fatal
-        self.journal = Journal(data_root / config.name / "journal" / f"{split}.jsonl")
+        self.journal = Journal(journal)
         self.counters = Counters()
         self.files: dict[int, FileEntry] = {}
         self.leases: dict[str, Lease] = {}
         self.world_size = 1
-        self._n = config.workers
+        self._n = 1 if self.curriculum else config.workers
+        # SetCurriculum calls, in call order: [first seq, alpha or None for "the schedule"].
+        self.alpha_overrides: list[list[Any]] = []
         self._next_forward = list(range(self._n))
         self._offsets: dict[int, int] = {}  # seq -> journal offset of its latest produced record
         self._consumed: set[int] = set()
@@ -146,7 +165,7 @@ class SplitQueue:
         self._last_acquired: dict[int, int] = {}
         self._last_consumed: dict[int, int] = {}
         self._consumed_by_rank: dict[int, int] = {}
-        self._workers: list[WorkerProcess | None] = [None] * self._n
+        self._workers: list[Any] = [None] * self._n  # WorkerProcess, or a CurriculumLane
         self._busy: set[int] = set()
         self._stateful = False
         self._failures = 0
@@ -183,6 +202,7 @@ class SplitQueue:
         self._quarantined = set(summary.quarantined)
         self.world_size = summary.world_size
         self._last_consumed = dict(summary.last_consumed)
+        self.alpha_overrides = [list(o) for o in summary.alpha_overrides]
         for w, (seq, _) in summary.last_forward.items():
             if w < self._n:
                 self._next_forward[w] = seq + self._n
@@ -233,7 +253,12 @@ class SplitQueue:
         self.changed.notify()
 
     def worker_pids(self) -> list[int]:
-        return [w.pid for w in self._workers if w is not None and w.pid is not None]
+        pids = [w.pid for w in self._workers if w is not None and w.pid is not None]
+        for w in self._workers:
+            candidates = getattr(w, "candidates", None)  # a curriculum lane's provider workers
+            if candidates is not None:
+                pids += candidates.worker_pids()
+        return pids
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -269,7 +294,13 @@ class SplitQueue:
         seq: int | None,
         wait_s: float,
         carried: bool = False,
+        pin: bool = False,
     ) -> tuple[Lease, FileEntry]:
+        """Lease file `seq` (the rank's next when None), waiting up to wait_s for it.
+
+        With `pin` (a client taking back a lease lost in a server restart, or the curriculum
+        composer's hold on a candidate) the request moves the rank's window only forward:
+        fetching an old file again is not a rewind, so nothing after it is made again."""
         self._check_serving()
         if not 1 <= world_size <= MAX_WORLD_SIZE:
             raise errors.InvalidRequest(f"world_size {world_size} is outside [1, {MAX_WORLD_SIZE}]")
@@ -290,9 +321,9 @@ class SplitQueue:
             )
         if seq % world_size == rank:
             prev = self._last_acquired.get(rank)
-            self._last_acquired[rank] = (
-                seq if prev is None or seq > prev or seq < prev - world_size else prev
-            )
+            forward = prev is None or seq > prev
+            if forward or (seq < prev - world_size and not pin):
+                self._last_acquired[rank] = seq
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
@@ -575,9 +606,18 @@ class SplitQueue:
                 if offset is not None and self._stateful:
                     state, _ = await asyncio.to_thread(self.journal.read_states, offset)
             assert worker is not None
-            reply = await worker.call(
-                {"op": "produce", "split": self.split, "seq": seq, "state": state}
-            )
+            request: dict[str, Any] = {
+                "op": "produce",
+                "split": self.split,
+                "seq": seq,
+                "state": state,
+            }
+            if self.is_candidates:
+                request["into"] = "candidates"
+            if self.curriculum:
+                request["world_size"] = self.world_size
+                request["overrides"] = self.alpha_overrides
+            reply = await worker.call(request)
         except WorkerError as exc:
             self._in_production.discard(seq)
             if reproduce:
@@ -700,6 +740,47 @@ class SplitQueue:
         self._busy.discard(w)
         self._kick()
 
+    # ---- curriculum -----------------------------------------------------------------------
+    def set_curriculum(self, alpha: float | None, position: int | None, rank: int) -> int:
+        """Change alpha (None: back to the config schedule) from a seq on; returns that seq.
+
+        With the caller's position (the seq of the file it reads), the change starts at the
+        first round of W files past any that can be composed already, so the same calls at
+        the same steps give the same batches whatever the timing: within
+        (max_backlog_files + 3) files of the caller's stream. Without one it starts at the next
+        file not yet composed: sooner, but timing-dependent.
+        """
+        where = f"{self.config.name}/{self.split}"
+        if not self.curriculum:
+            raise errors.InvalidRequest(
+                f'{where} does not use selection = "curriculum" (it is {self.config.selection!r}): '
+                "set it in the dataset's config to use SetCurriculum"
+            )
+        if alpha is not None and not (isinstance(alpha, float) and 0.0 <= alpha <= 1.0):
+            raise errors.InvalidRequest(f"alpha {alpha!r} for {where} is outside [0, 1]")
+        if position is not None and position < 0:
+            raise errors.InvalidRequest(f"position seq {position} for {where} is negative")
+        nxt = self._next_forward[0]
+        earliest = nxt + 1 if nxt in self._in_production else nxt
+        at = earliest
+        if position is not None:
+            w = self.world_size
+            at = max(earliest, w * (position // w + self.config.max_backlog_files + 3))
+        self.alpha_overrides.append([at, alpha])
+        self.journal.append({"e": "alpha", "at": at, "alpha": alpha, "rank": rank})
+        log.info("%s: alpha %s from seq %d on", where, "schedule" if alpha is None else alpha, at)
+        return at
+
+    def curriculum_stats(self) -> dict[str, Any] | None:
+        if not self.curriculum:
+            return None
+        lane = self._workers[0]
+        stats = dict(getattr(lane, "stats", {}) or {})
+        candidates = getattr(lane, "candidates", None)
+        stats["candidate_files"] = len(candidates.files) if candidates is not None else 0
+        stats["overrides"] = len(self.alpha_overrides)
+        return stats
+
     # ---- stats ----------------------------------------------------------------------------
     def snapshot(self) -> SplitSnapshot:
         w = self.world_size
@@ -724,6 +805,7 @@ class SplitQueue:
             ranks=ranks,
             worker_pids=self.worker_pids(),
             last_disk_error=self.last_disk_error,
+            curriculum=self.curriculum_stats(),
             **self._accounting(),
         )
 

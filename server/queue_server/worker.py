@@ -8,6 +8,9 @@ The server writes one JSON request per line and reads one JSON reply per line. R
     {"op": "meta"}                                                      -> {"ok": true, "meta_json": ...}
     {"op": "set_meta", "meta_json": ..., "state": {...} | null}         -> {"ok": true}
     {"op": "produce", "split": s, "seq": n, "state": {...} | null}      -> {"ok": true, "name": ..., ...}
+    {"op": "curriculum_init" | "compose" | "materialize", ...}          see curriculum/host.py
+
+A produce with "into": "candidates" publishes into the split's candidates dir (curriculum).
 
 A produce with a state produces that seq again from the journaled state and then restores
 the worker's forward stream, so re-producing an old seq never disturbs the next new one.
@@ -19,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import socket
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -27,13 +32,14 @@ from typing import Any
 # Imported here so that the forkserver, which preloads this module, holds them ready to fork.
 import torch
 
-from queue_client.batchfile import queue_dir
+from queue_client.batchfile import candidates_dir, queue_dir
 from queue_client.meta import meta_from_json, meta_to_json
 from queue_providers import DataProviderBase, ProviderContext, create
 
 
 def run_over_socket(sock: socket.socket, cwd: str) -> None:
     """The worker's entry point: serve requests on `sock` until it closes."""
+    _exit_when_server_goes(sock)
     os.chdir(cwd)  # relative paths in provider args are relative to the config file
     requests, replies = sock.makefile("rb"), sock.makefile("wb")
     try:
@@ -42,6 +48,26 @@ def run_over_socket(sock: socket.socket, cwd: str) -> None:
         for stream in (requests, replies, sock):
             with contextlib.suppress(OSError):
                 stream.close()
+
+
+def _exit_when_server_goes(sock: socket.socket) -> None:
+    """Exit the moment the server closes its end, even in the middle of a file.
+
+    A worker holds the forkserver open, so it is never orphan-killed with the server. Left to
+    finish, a worker of a SIGKILLed server would publish its file, or show its temp file, after
+    a restarted server has swept the queue directory. A thread parked in poll() costs nothing.
+    """
+    hangup = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(sock.fileno(), hangup)
+        while True:
+            for _fd, events in poller.poll():
+                if events & hangup:
+                    os._exit(0)
+
+    threading.Thread(target=watch, name="server-watch", daemon=True).start()
 
 
 def _serve(requests: Any, replies: Any) -> None:
@@ -61,6 +87,7 @@ def _serve(requests: Any, replies: Any) -> None:
 
 def _loop(requests: Any, reply: Any) -> None:
     provider = None
+    host: Any = None  # the curriculum composer, in the one worker that composes
     root: Path | None = None
     dataset = ""
 
@@ -80,6 +107,7 @@ def _loop(requests: Any, reply: Any) -> None:
                     num_workers=req.get("num_workers", 1),
                     verbose=req.get("verbose", False),
                     extra_meta=req.get("extra_meta", {}),
+                    histogram_field=req.get("histogram_field", ""),
                 )
                 provider = create(req["provider"], context, req.get("args", {}))
                 provider.on_start()
@@ -102,7 +130,8 @@ def _loop(requests: Any, reply: Any) -> None:
                     forward = provider.state_dict(split)
                     provider.load_state_dict(split, state)
                 before = provider.state_dict(split)
-                published = provider.produce_file(split, seq, queue_dir(root, dataset, split))
+                where = candidates_dir if req.get("into") == "candidates" else queue_dir
+                published = provider.produce_file(split, seq, where(root, dataset, split))
                 after = provider.state_dict(split)
                 if forward is not None:
                     provider.load_state_dict(split, forward)
@@ -117,6 +146,13 @@ def _loop(requests: Any, reply: Any) -> None:
                         "after": after,
                     }
                 )
+            elif op in ("curriculum_init", "compose", "materialize"):
+                assert provider is not None and root is not None, "init first"
+                if host is None:
+                    from queue_server.curriculum.host import ComposerHost
+
+                    host = ComposerHost(provider, root, dataset)
+                reply(host.handle(req))
             elif op == "stop":
                 if provider is not None:
                     provider.on_stop()

@@ -58,6 +58,10 @@ class WorkerProcess:
         self.init_reply: dict[str, Any] = {}
 
     @property
+    def init_request(self) -> dict[str, Any]:
+        return dict(self._init)
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 

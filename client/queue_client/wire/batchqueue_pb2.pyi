@@ -107,7 +107,7 @@ class RankStats(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., last_consumed_seq: _Optional[int] = ..., files_leased: _Optional[int] = ..., lag_files: _Optional[int] = ...) -> None: ...
 
 class SplitStats(_message.Message):
-    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing")
+    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing", "curriculum")
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     PRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class SplitStats(_message.Message):
     SEQS_CONSUMED_FIELD_NUMBER: _ClassVar[int]
     SEQS_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     SEQS_MISSING_FIELD_NUMBER: _ClassVar[int]
+    CURRICULUM_FIELD_NUMBER: _ClassVar[int]
     split: str
     produced_files: int
     consumed_files: int
@@ -150,7 +151,48 @@ class SplitStats(_message.Message):
     seqs_consumed: int
     seqs_quarantined: int
     seqs_missing: int
-    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ...) -> None: ...
+    curriculum: CurriculumStats
+    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ..., curriculum: _Optional[_Union[CurriculumStats, _Mapping]] = ...) -> None: ...
+
+class CurriculumStats(_message.Message):
+    __slots__ = ("alpha", "kl_to_target", "buffer_batches", "served_tokens", "candidates_ingested", "candidates_culled", "candidate_files", "overrides")
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    KL_TO_TARGET_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SERVED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_INGESTED_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_CULLED_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FILES_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    alpha: float
+    kl_to_target: float
+    buffer_batches: int
+    served_tokens: int
+    candidates_ingested: int
+    candidates_culled: int
+    candidate_files: int
+    overrides: int
+    def __init__(self, alpha: _Optional[float] = ..., kl_to_target: _Optional[float] = ..., buffer_batches: _Optional[int] = ..., served_tokens: _Optional[int] = ..., candidates_ingested: _Optional[int] = ..., candidates_culled: _Optional[int] = ..., candidate_files: _Optional[int] = ..., overrides: _Optional[int] = ...) -> None: ...
+
+class SetCurriculumRequest(_message.Message):
+    __slots__ = ("dataset", "split", "alpha", "position_seq", "rank")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    POSITION_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    split: str
+    alpha: float
+    position_seq: int
+    rank: int
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., alpha: _Optional[float] = ..., position_seq: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class SetCurriculumResponse(_message.Message):
+    __slots__ = ("effective_seq",)
+    EFFECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    effective_seq: int
+    def __init__(self, effective_seq: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("dataset", "state", "last_error", "splits")
@@ -165,7 +207,7 @@ class GetStatsResponse(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., state: _Optional[str] = ..., last_error: _Optional[str] = ..., splits: _Optional[_Iterable[_Union[SplitStats, _Mapping]]] = ...) -> None: ...
 
 class AcquireLeaseRequest(_message.Message):
-    __slots__ = ("dataset", "split", "rank", "world_size", "client_id", "seq", "wait_ms", "carried")
+    __slots__ = ("dataset", "split", "rank", "world_size", "client_id", "seq", "wait_ms", "carried", "reacquire")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +216,7 @@ class AcquireLeaseRequest(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     CARRIED_FIELD_NUMBER: _ClassVar[int]
+    REACQUIRE_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     split: str
     rank: int
@@ -182,7 +225,8 @@ class AcquireLeaseRequest(_message.Message):
     seq: int
     wait_ms: int
     carried: bool
-    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., wait_ms: _Optional[int] = ..., carried: _Optional[bool] = ...) -> None: ...
+    reacquire: bool
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., wait_ms: _Optional[int] = ..., carried: _Optional[bool] = ..., reacquire: _Optional[bool] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "dataset", "split", "seq", "path", "num_batches", "batch_size", "size_bytes", "crc32", "ttl_ms", "rank", "world_size")

@@ -74,6 +74,11 @@ class BatchQueueStub:
                 request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.PingRequest.SerializeToString,
                 response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.PingResponse.FromString,
                 _registered_method=True)
+        self.SetCurriculum = channel.unary_unary(
+                '/batchqueue.v1.BatchQueue/SetCurriculum',
+                request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumRequest.SerializeToString,
+                response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumResponse.FromString,
+                _registered_method=True)
 
 
 class BatchQueueServicer:
@@ -141,6 +146,14 @@ class BatchQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetCurriculum(self, request, context):
+        """Changes the curriculum's alpha of a split served with selection = "curriculum", from
+        effective_seq on (see docs/curriculum.md). Not idempotent: each call is journaled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BatchQueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +196,11 @@ def add_BatchQueueServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.PingRequest.FromString,
                     response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.PingResponse.SerializeToString,
+            ),
+            'SetCurriculum': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCurriculum,
+                    request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumRequest.FromString,
+                    response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +419,33 @@ class BatchQueue:
             '/batchqueue.v1.BatchQueue/Ping',
             queue__client_dot_wire_dot_batchqueue__pb2.PingRequest.SerializeToString,
             queue__client_dot_wire_dot_batchqueue__pb2.PingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCurriculum(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchqueue.v1.BatchQueue/SetCurriculum',
+            queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumRequest.SerializeToString,
+            queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumResponse.FromString,
             options,
             channel_credentials,
             insecure,

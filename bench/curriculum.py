@@ -1,0 +1,130 @@
+"""Row 8: get_batch with curriculum selection on, beside the same dataset served FIFO.
+
+Both datasets are char_lm over the same text with the same shapes; the curriculum one picks
+every served batch from a buffer of candidates (docs/curriculum.md). In a rotating order each
+repeat times the rest of one file (steady in a file, after the next file is prefetched and the
+producer idles) and the call that opens the next file. Figures are medians over repeats; the
+amortised figures read many files back to back and so are bound by the producer: the provider
+alone for FIFO, provider plus composer for the curriculum.
+"""
+
+from __future__ import annotations
+
+from bench.data import Tokens
+from bench.harness import Result, Settings, fmt, median
+from bench.servers import Server, ServerSpec, dataset_toml
+from bench.walker import FileWalker
+
+B, T = 12, 1024
+BACKLOG = 2
+GOAL = 1.10
+FIFO, CURRICULUM = "curriculum_off", "curriculum_on"
+
+
+def batches_per_file(settings: Settings) -> int:
+    return settings.pick(50, 8)
+
+
+def _curriculum_keys(settings: Settings) -> str:
+    buffer = settings.pick(1000, 32)
+    tokens = settings.pick(2_000_000, 20_000)
+    return (
+        'selection = "curriculum"\n'
+        f"candidate_buffer = {buffer}\n"
+        f"starting_estimation_token_count = {tokens}\n"
+    )
+
+
+def servers(settings: Settings, tokens: Tokens) -> list[ServerSpec]:
+    nb = batches_per_file(settings)
+    common = dict(
+        text=tokens.text_path, batch_size=B, block_size=T, batches_per_file=nb, backlog=BACKLOG
+    )
+    fifo = dataset_toml(FIFO, **common)
+    cur = dataset_toml(CURRICULUM, **common)
+    args_at = cur.index(f"[datasets.{CURRICULUM}.args]")
+    cur = cur[:args_at] + _curriculum_keys(settings) + cur[args_at:]
+    return [ServerSpec("curriculum", (fifo, cur))]
+
+
+def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Result]:
+    from queue_client import QueueClient
+
+    server = found["curriculum"]
+    nb = batches_per_file(settings)
+    files = settings.pick(8, 2)
+    steady: dict[str, list[float]] = {FIFO: [], CURRICULUM: []}
+    opening: dict[str, list[float]] = {FIFO: [], CURRICULUM: []}
+    clients = {name: QueueClient(server.address, name) for name in (FIFO, CURRICULUM)}
+    try:
+        walkers = {
+            name: FileWalker(client, "train", nb, server, name, BACKLOG)
+            for name, client in clients.items()
+        }
+        order = [FIFO, CURRICULUM]
+        for r in range(settings.repeats):
+            for name in order[r % 2 :] + order[: r % 2]:
+                walker = walkers[name]
+                walker.finish_file()
+                walker.settle()
+                opening[name].append(walker.open_next() / 1e3)
+                walker.settle()
+                ns, n = walker.time_rest_of_file()
+                steady[name].append(ns / max(n, 1) / 1e3)
+        amortised = {}
+        for name, walker in walkers.items():
+            walker.time_files(BACKLOG + 1)  # what was made ahead while idle
+            ns, n = walker.time_files(files)
+            amortised[name] = ns / max(n, 1) / 1e3
+        stats = server.split_stats(CURRICULUM).get("curriculum", {})
+    finally:
+        for client in clients.values():
+            client.close()
+    s_fifo, s_cur = median(steady[FIFO]), median(steady[CURRICULUM])
+    o_fifo, o_cur = median(opening[FIFO]), median(opening[CURRICULUM])
+    shape = f"B={B} T={T}"
+    return [
+        Result(
+            "8",
+            f"get_batch {shape}, steady in a file, curriculum on",
+            s_cur,
+            "µs/batch",
+            "the same, FIFO",
+            s_fifo,
+            "µs/batch",
+            s_cur / s_fifo,
+            "x FIFO",
+            f"<= {GOAL:.2f}x",
+            s_cur / s_fifo <= GOAL,
+            "the served file is a plain batch file: the hot path is the same code",
+        ),
+        Result(
+            "8",
+            f"get_batch {shape}, first batch of a prefetched file, curriculum on",
+            o_cur,
+            "µs",
+            "the same, FIFO",
+            o_fifo,
+            "µs",
+            o_cur / o_fifo,
+            "x FIFO",
+            "info",
+            None,
+            "one lease release and a prefetch hand-over per file",
+        ),
+        Result(
+            "8",
+            f"get_batch {shape}, amortised over {files} files of {nb} (producer-bound)",
+            amortised[CURRICULUM],
+            "µs/batch",
+            "the same, FIFO",
+            amortised[FIFO],
+            "µs/batch",
+            amortised[CURRICULUM] / amortised[FIFO],
+            "x FIFO",
+            "info",
+            None,
+            f"composer + provider {fmt(1e6 / amortised[CURRICULUM])} batches/s, provider alone "
+            f"{fmt(1e6 / amortised[FIFO])}; buffer {stats.get('buffer_batches', '?')} batches",
+        ),
+    ]

@@ -1,0 +1,7 @@
+"""Curriculum selection: candidates scored by token neglect against an alpha-blended target.
+
+schedule.py  which alpha applies to each served batch (config schedule, SetCurriculum overrides)
+corpus.py    the corpus token distribution, estimated once and cached in the dataset dir
+composer.py  the buffer of candidate batches and the pick, cull and retire rules (numpy)
+lane.py      the composer as the producer of a curriculum split, as the split queue sees it
+"""

@@ -1,0 +1,341 @@
+"""The composer: a buffer of candidate batches, and the rule that picks each served batch.
+
+Each served file (seq s, K batches) is composed in seq order:
+
+1. ingest: the next candidate files (`files_per_plan` of them; the first file also fills the
+   buffer to `capacity`) join the buffer, every batch with its sparse token histogram;
+2. pick, K times: score every buffered batch by the neglect score of the design,
+   sum over its tokens t of count(t) * target(t) / (served(t) + 1e-9), where
+   target = (1 - alpha) * corpus + alpha * uniform and served is the distribution of the
+   tokens served so far; serve the best (the oldest on a tie) and add its tokens to served;
+3. cull: a batch that waited `max_age` files is dropped, and so are the lowest scorers beyond
+   `capacity`; a candidate file none of whose batches is left is retired (deleted).
+
+Everything is a pure function of the candidates (deterministic per candidate seq), the alpha
+overrides and the world size, so the same calls give the same batches. Scoring is numpy over
+the buffer's histograms (O(buffer nnz) per pick) and runs in a worker process, never on the
+server's event loop; a change of alpha is simply used by the next pick.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from queue_client.batchfile import BatchFile, PublishedFile, load_batch_file, write_batch_file
+from queue_server.curriculum.corpus import kl_divergence
+from queue_server.curriculum.schedule import AlphaSchedule, alpha_for
+
+_EPS = 1e-9
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ComposerSettings:
+    vocab_size: int
+    batches_per_file: int  # K: batches per served file
+    candidate_batches_per_file: int
+    capacity: int  # candidate batches kept in the buffer
+    oversample: float  # candidate batches ingested per served batch
+    schedule: AlphaSchedule = field(default_factory=AlphaSchedule)
+
+    @property
+    def files_per_plan(self) -> int:
+        """Candidate files ingested per served file: at least K batches, oversample times."""
+        return max(
+            1, math.ceil(self.oversample * self.batches_per_file / self.candidate_batches_per_file)
+        )
+
+    @property
+    def initial_files(self) -> int:
+        return math.ceil(self.capacity / self.candidate_batches_per_file)
+
+    @property
+    def max_age(self) -> int:
+        """Served files a candidate may wait before it is culled: two turns of the buffer.
+        This is what lets every candidate file retire, so the disk stays bounded."""
+        per_plan = self.files_per_plan * self.candidate_batches_per_file
+        return math.ceil(2 * self.capacity / per_plan) + 1
+
+    @property
+    def candidate_backlog(self) -> int:
+        """Candidate files allowed ahead of the oldest one the buffer still holds: the
+        buffer's widest span (the first fill, then max_age files' worth of ingests) plus the
+        next file's ingest, made ahead of need."""
+        return self.initial_files + self.files_per_plan * (self.max_age + 2)
+
+    def to_json(self) -> dict:
+        return {
+            "vocab_size": self.vocab_size,
+            "batches_per_file": self.batches_per_file,
+            "candidate_batches_per_file": self.candidate_batches_per_file,
+            "capacity": self.capacity,
+            "oversample": self.oversample,
+            "schedule": self.schedule.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping) -> ComposerSettings:
+        return cls(
+            int(raw["vocab_size"]),
+            int(raw["batches_per_file"]),
+            int(raw["candidate_batches_per_file"]),
+            int(raw["capacity"]),
+            float(raw["oversample"]),
+            AlphaSchedule.from_json(raw["schedule"]),
+        )
+
+
+@dataclass
+class CandidateFile:
+    batches: BatchFile
+    offsets: np.ndarray
+    ids: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def load(cls, path: Path, vocab_size: int) -> CandidateFile:
+        bf = load_batch_file(path)
+        try:
+            offsets = bf.extras["token_hist_offsets"].numpy()
+            ids = bf.extras["token_hist_ids"].numpy().astype(np.int64)
+            counts = bf.extras["token_hist_counts"].numpy().astype(np.float64)
+        except KeyError:
+            raise ValueError(f"{path}: candidate file has no token histograms") from None
+        if len(offsets) != bf.metadata["num_batches"] + 1 or (ids.size and ids.max() >= vocab_size):
+            raise ValueError(f"{path}: token histograms do not fit {vocab_size} ids")
+        return cls(bf, offsets, ids, counts)
+
+    def hist(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = self.offsets[index], self.offsets[index + 1]
+        return self.ids[lo:hi], self.counts[lo:hi]
+
+
+@dataclass
+class Composition:
+    picks: list[tuple[int, int]]
+    alphas: list[float]
+    retired: list[int]
+    culled: int
+
+
+class Composer:
+    def __init__(self, settings: ComposerSettings, corpus: np.ndarray) -> None:
+        if corpus.shape != (settings.vocab_size,):
+            raise ValueError(
+                f"corpus distribution has shape {corpus.shape}, expected ({settings.vocab_size},)"
+            )
+        self.settings = settings
+        self.corpus = corpus.astype(np.float64)
+        self.served = np.zeros(settings.vocab_size, np.int64)
+        self.served_tokens = 0
+        # The buffer, in ingest order: candidate seq, batch index in it, served seq it came in at.
+        self.cand = np.zeros(0, np.int64)
+        self.index = np.zeros(0, np.int64)
+        self.born = np.zeros(0, np.int64)
+        self.next_candidate = 0
+        self.plans = 0
+        self.ingested = self.culled = self.picked = 0
+        self.alpha = settings.schedule.alpha
+        self._files: dict[int, CandidateFile] = {}
+
+    # ---- what the lane needs to know ---------------------------------------------------
+    def needed(self) -> list[int]:
+        """Candidate seqs the next served file ingests."""
+        s = self.settings
+        n = s.files_per_plan + (s.initial_files if self.plans == 0 else 0)
+        return list(range(self.next_candidate, self.next_candidate + n))
+
+    def held(self) -> list[int]:
+        """Candidate seqs with a batch still in the buffer: their files must stay on disk."""
+        return sorted(set(self.cand.tolist()))
+
+    def attach(self, paths: Mapping[int, str | Path]) -> None:
+        """Map the candidate files at `paths` that are not mapped yet."""
+        for c, path in paths.items():
+            if int(c) not in self._files:
+                self._files[int(c)] = CandidateFile.load(Path(path), self.settings.vocab_size)
+
+    def detach_unheld(self) -> None:
+        keep = set(self.cand.tolist())
+        for c in [c for c in self._files if c not in keep]:
+            del self._files[c]
+
+    def target(self, alpha: float) -> np.ndarray:
+        return (1.0 - alpha) * self.corpus + alpha / self.settings.vocab_size
+
+    def kl_to_target(self) -> float:
+        return kl_divergence(self.served.astype(np.float64), self.target(self.alpha))
+
+    # ---- composing -----------------------------------------------------------------------
+    def compose(self, seq: int, world_size: int, overrides: Sequence[Sequence]) -> Composition:
+        if seq != self.plans:
+            raise ValueError(f"served seq {seq} composed out of order: the next is {self.plans}")
+        s = self.settings
+        for c in self.needed():
+            nb = int(self._file(c).batches.metadata["num_batches"])
+            self.cand = np.concatenate([self.cand, np.full(nb, c, np.int64)])
+            self.index = np.concatenate([self.index, np.arange(nb, dtype=np.int64)])
+            self.born = np.concatenate([self.born, np.full(nb, seq, np.int64)])
+            self.ingested += nb
+            self.next_candidate = c + 1
+        n = len(self.cand)
+        if n < s.batches_per_file:
+            raise ValueError(
+                f"the buffer holds {n} batches, fewer than one file's {s.batches_per_file}"
+            )
+        hists = [
+            self._file(int(c)).hist(int(i)) for c, i in zip(self.cand, self.index, strict=True)
+        ]
+        ids = np.concatenate([h[0] for h in hists])
+        counts = np.concatenate([h[1] for h in hists])
+        rows = np.repeat(np.arange(n), [len(h[0]) for h in hists])
+        alive = np.ones(n, bool)
+        picks: list[tuple[int, int]] = []
+        alphas: list[float] = []
+        for i in range(s.batches_per_file):
+            alpha = alpha_for(
+                s.schedule, overrides, seq, i, s.batches_per_file, world_size, self.served_tokens
+            )
+            scores = self._scores(ids, counts, rows, n, alpha)
+            scores[~alive] = -np.inf
+            best = int(np.argmax(scores))  # the first maximum: the oldest batch on a tie
+            alive[best] = False
+            b_ids, b_counts = hists[best]
+            self.served[b_ids] += b_counts.astype(np.int64)
+            self.served_tokens += int(b_counts.sum())
+            picks.append((int(self.cand[best]), int(self.index[best])))
+            alphas.append(alpha)
+        self.alpha = alphas[-1]
+        self.picked += len(picks)
+        culled = self._cull(alive, ids, counts, rows, n, seq)
+        before = set(self.cand.tolist())
+        self.cand, self.index, self.born = self.cand[alive], self.index[alive], self.born[alive]
+        retired = sorted(before - set(self.cand.tolist()))
+        self.plans += 1
+        return Composition(picks, alphas, retired, culled)
+
+    def _scores(
+        self, ids: np.ndarray, counts: np.ndarray, rows: np.ndarray, n: int, alpha: float
+    ) -> np.ndarray:
+        served_dist = self.served / (self.served_tokens + _EPS)
+        weights = self.target(alpha) / (served_dist + _EPS)
+        return np.bincount(rows, weights=counts * weights[ids], minlength=n)
+
+    def _cull(
+        self,
+        alive: np.ndarray,
+        ids: np.ndarray,
+        counts: np.ndarray,
+        rows: np.ndarray,
+        n: int,
+        seq: int,
+    ) -> int:
+        s = self.settings
+        old = alive & (self.born <= seq - s.max_age)
+        culled = int(old.sum())
+        alive &= ~old
+        over = int(alive.sum()) - s.capacity
+        if over > 0:
+            scores = self._scores(ids, counts, rows, n, self.alpha)
+            scores[~alive] = -np.inf
+            keep = np.argsort(-scores, kind="stable")[: s.capacity]
+            alive[:] = False
+            alive[keep] = True
+            culled += over
+        self.culled += culled
+        return culled
+
+    def _file(self, c: int) -> CandidateFile:
+        try:
+            return self._files[c]
+        except KeyError:
+            raise ValueError(f"candidate seq {c} is needed but was not attached") from None
+
+    # ---- served files ----------------------------------------------------------------------
+    def write(
+        self,
+        directory: Path,
+        seq: int,
+        picks: Sequence[Sequence[int]],
+        alphas: Sequence[float],
+    ) -> PublishedFile:
+        """Publish served file `seq`: the picked batches copied out of their candidate files."""
+        import torch  # here, not at import: the server process itself never loads torch
+
+        first = self._file(int(picks[0][0])).batches
+        names = [f["name"] for f in first.metadata["schema"]]
+        tensors = {
+            name: torch.stack([self._file(int(c)).batches.tensors[name][int(i)] for c, i in picks])
+            for name in names
+        }
+        metadata = {
+            key: first.metadata[key] for key in ("dataset", "split", "batch_size", "schema")
+        }
+        metadata["curriculum_alphas"] = [round(a, 6) for a in alphas]
+        return write_batch_file(directory, seq=seq, tensors=tensors, metadata=metadata)
+
+    # ---- snapshots -------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        scalars = np.array(
+            [
+                SNAPSHOT_VERSION,
+                self.served_tokens,
+                self.next_candidate,
+                self.plans,
+                self.ingested,
+                self.culled,
+                self.picked,
+            ],
+            np.int64,
+        )
+        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+        with open(tmp, "wb") as f:
+            np.savez(
+                f,
+                scalars=scalars,
+                alpha=np.array([self.alpha]),
+                served=self.served,
+                cand=self.cand,
+                index=self.index,
+                born=self.born,
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def restore(self, path: Path) -> None:
+        with np.load(path, allow_pickle=False) as z:
+            scalars = z["scalars"]
+            if int(scalars[0]) != SNAPSHOT_VERSION:
+                raise ValueError(f"{path}: composer snapshot version {int(scalars[0])} is unknown")
+            if z["served"].shape != self.served.shape:
+                raise ValueError(f"{path}: composer snapshot is for another vocab size")
+            (
+                self.served_tokens,
+                self.next_candidate,
+                self.plans,
+                self.ingested,
+                self.culled,
+                self.picked,
+            ) = (int(v) for v in scalars[1:])
+            self.alpha = float(z["alpha"][0])
+            self.served = z["served"].astype(np.int64)
+            self.cand, self.index, self.born = z["cand"], z["index"], z["born"]
+        self._files.clear()
+
+    def stats(self) -> dict:
+        return {
+            "alpha": self.alpha,
+            "kl_to_target": self.kl_to_target(),
+            "buffer_batches": len(self.cand),
+            "served_tokens": self.served_tokens,
+            "candidates_ingested": self.ingested,
+            "candidates_culled": self.culled,
+            "next_candidate": self.next_candidate,
+        }

@@ -1,0 +1,143 @@
+"""The composer's side of the worker protocol: it runs in a provider worker process, which
+holds the provider (to estimate the corpus distribution) and the Composer.
+
+Ops (JSON lines, see queue_server.worker):
+    {"op": "curriculum_init", "split", "settings", "field", "n_tokens", "snapshot"}
+        -> {"held": [...], "needed": [...], "stats": {...}}
+    {"op": "compose", "seq", "world_size", "overrides", "paths"}
+        -> a produce reply, plus "retired", "needed", "stats"
+    {"op": "materialize", "seq", "picks", "alphas", "paths"} -> a produce reply
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from queue_client.batchfile import queue_dir
+from queue_client.meta import meta_from_json
+from queue_providers import DataProviderBase
+from queue_server.curriculum.composer import Composer, ComposerSettings
+from queue_server.curriculum.corpus import CURRICULUM_DIR, cache_key, cache_path, load_or_estimate
+
+_SNAPSHOTS_KEPT = 3
+
+
+def snapshot_dir(dataset_dir: Path, split: str) -> Path:
+    return Path(dataset_dir) / CURRICULUM_DIR / split
+
+
+class ComposerHost:
+    def __init__(self, provider: DataProviderBase, data_root: Path, dataset: str) -> None:
+        self.provider = provider
+        self.data_root = data_root
+        self.dataset = dataset
+        self.dataset_dir = data_root / dataset
+        self.composer: Composer | None = None
+        self.split = ""
+
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req["op"]
+        if op == "curriculum_init":
+            return self._init(req)
+        assert self.composer is not None, "curriculum_init first"
+        if op == "compose":
+            return self._compose(req)
+        if op == "materialize":
+            return self._materialize(req)
+        raise ValueError(f"unknown op {op!r}")
+
+    def _init(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.split = req["split"]
+        settings = ComposerSettings.from_json(req["settings"])
+        field, n_tokens = req["field"], int(req["n_tokens"])
+        meta = meta_from_json(req["meta_json"])
+        key = cache_key(self.provider.data_identity(), n_tokens, self.split, field, meta)
+
+        def count(advance: Any) -> np.ndarray:
+            counts = self.provider.corpus_token_counts(
+                self.split, n_tokens, field, settings.vocab_size, advance
+            )
+            return counts.numpy()
+
+        corpus = load_or_estimate(
+            cache_path(self.dataset_dir, key), count, n_tokens, f"{self.dataset}/{self.split}"
+        )
+        self.composer = Composer(settings, corpus)
+        self._snapshots().mkdir(parents=True, exist_ok=True)
+        snapshot = req.get("snapshot")
+        if snapshot:
+            path = self._snapshots() / snapshot
+            if not path.exists():
+                raise FileNotFoundError(
+                    f"composer snapshot {path} is missing: the curriculum of "
+                    f"{self.dataset}/{self.split} cannot carry on where it stopped"
+                )
+            self.composer.restore(path)
+        return {"ok": True, **self._status()}
+
+    def _status(self) -> dict[str, Any]:
+        assert self.composer is not None
+        return {
+            "held": self.composer.held(),
+            "needed": self.composer.needed(),
+            "stats": self.composer.stats(),
+        }
+
+    def _compose(self, req: dict[str, Any]) -> dict[str, Any]:
+        composer = self.composer
+        assert composer is not None
+        seq = int(req["seq"])
+        composer.attach({int(c): p for c, p in req["paths"].items()})
+        result = composer.compose(seq, int(req["world_size"]), req.get("overrides", []))
+        published = composer.write(self._queue(), seq, result.picks, result.alphas)
+        composer.detach_unheld()
+        name = f"composer-{seq:010d}.npz"
+        composer.save(self._snapshots() / name)
+        self._prune_snapshots(seq)
+        return {
+            "ok": True,
+            "seq": seq,
+            "name": str(published.name),
+            "bytes": published.size_bytes,
+            "crc": published.crc32,
+            "before": {"picks": result.picks, "alphas": [round(a, 6) for a in result.alphas]},
+            "after": {"snapshot": name},
+            "retired": result.retired,
+            "culled": result.culled,
+            **self._status(),
+        }
+
+    def _materialize(self, req: dict[str, Any]) -> dict[str, Any]:
+        composer = self.composer
+        assert composer is not None
+        seq = int(req["seq"])
+        composer.attach({int(c): p for c, p in req["paths"].items()})
+        published = composer.write(self._queue(), seq, req["picks"], req["alphas"])
+        composer.detach_unheld()
+        return {
+            "ok": True,
+            "seq": seq,
+            "name": str(published.name),
+            "bytes": published.size_bytes,
+            "crc": published.crc32,
+            "before": {"picks": req["picks"], "alphas": req["alphas"]},
+            "after": {},
+        }
+
+    def _queue(self) -> Path:
+        return queue_dir(self.data_root, self.dataset, self.split)
+
+    def _snapshots(self) -> Path:
+        return snapshot_dir(self.dataset_dir, self.split)
+
+    def _prune_snapshots(self, seq: int) -> None:
+        for path in self._snapshots().glob("composer-*.npz"):
+            try:
+                old = int(path.stem.split("-")[1])
+            except (IndexError, ValueError):
+                continue
+            if old <= seq - _SNAPSHOTS_KEPT:
+                path.unlink(missing_ok=True)
