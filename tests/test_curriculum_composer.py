@@ -228,3 +228,33 @@ def test_the_cache_key_moves_with_data_sample_size_and_tokenizer() -> None:
     assert cache_key("data-1", 1000, "train", "x", {**meta, "stoi": {"b": 0}}) != base
     assert cache_key("data-1", 1000, "train", "x", {**meta, "block_size": 16}) == base
     assert tokenizer_identity(meta) == tokenizer_identity(dict(reversed(meta.items())))
+
+
+def test_lazy_picks_equal_rescoring_the_whole_buffer(tmp_path: Path, monkeypatch) -> None:
+    """Every pick (alpha moving every batch, by the schedule) is the batch a full rescoring of
+    the buffer would pick: the lazy bounds never hide a better batch."""
+    from queue_server.curriculum import composer as module
+
+    lazy = module._Parts.best
+    checked = []
+
+    def best(self, alive, alpha):
+        chosen = lazy(self, alive, alpha)
+        c = self.c
+        scores = np.full(len(self.hists), -np.inf)
+        for j in np.flatnonzero(alive):
+            ids, counts = self.hists[j]
+            g = 1.0 / (c.served[ids] + 1e-9 * (c.served_tokens + 1))
+            corpus_part = float(counts @ (c.corpus[ids] * g))
+            uniform_part = float(counts @ g) / c.settings.vocab_size
+            scores[j] = (1 - alpha) * corpus_part + alpha * uniform_part
+        # The same batch, or one whose score is equal but for rounding in the last bits.
+        checked.append(scores[chosen] >= scores.max() * (1 - 1e-12))
+        return chosen
+
+    monkeypatch.setattr(module._Parts, "best", best)
+    cands = Candidates(tmp_path / "c")
+    composer = Composer(settings(points=((0, 1.0), (100, 0.0))), corpus_distribution())
+    for seq in range(20):
+        compose(composer, cands, seq)
+    assert len(checked) == 20 * NB and all(checked)

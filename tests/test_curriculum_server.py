@@ -75,6 +75,10 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
             dataset("uniform", corpus, curriculum(1.0)),
             dataset("natural", corpus, curriculum(0.0)),
             dataset("ranks", corpus, curriculum(1.0, buffer=32)),
+            dataset("alpha", corpus, curriculum(1.0)),
+            # Two datasets of one config: separate composers, the same batches.
+            dataset("same_a", corpus, curriculum(1.0)),
+            dataset("same_b", corpus, curriculum(1.0)),
         ]
     )
     factory = ServerFactory(tmp)
@@ -129,10 +133,9 @@ def journaled_alphas(root: Path, dataset: str) -> dict[int, list[float]]:
     return out
 
 
-def test_an_alpha_change_reaches_the_stream_within_the_bound(start_server, tmp_path: Path) -> None:
-    corpus = skewed_corpus(tmp_path / "corpus.txt")
-    server = start_server(dataset("d", corpus, curriculum(1.0)))
-    with QueueClient(server.address, "d") as client:
+def test_an_alpha_change_reaches_the_stream_within_the_bound(shared) -> None:
+    server, _ = shared
+    with QueueClient(server.address, "alpha") as client:
         take(client, 3 * NB + 2)  # reading seq 3
         effective = client.set_curriculum(0.25)
         # The bound: (max_backlog_files + 3) files of this rank's stream.
@@ -140,22 +143,26 @@ def test_an_alpha_change_reaches_the_stream_within_the_bound(start_server, tmp_p
         take(client, (effective + 2) * NB - (3 * NB + 2))
         stats = client.stats()["splits"][0]["curriculum"]
     assert stats["alpha"] == 0.25 and stats["overrides"] == "1"
-    alphas = journaled_alphas(server.data_root, "d")
+    alphas = journaled_alphas(server.data_root, "alpha")
     assert all(alphas[s] == [1.0] * NB for s in range(effective))
     assert all(alphas[s] == [0.25] * NB for s in range(effective, effective + 2))
 
 
-def test_same_config_and_calls_give_the_same_batches(start_server, tmp_path: Path) -> None:
-    corpus = skewed_corpus(tmp_path / "corpus.txt")
-    config = dataset("d", corpus, curriculum(1.0))
+def test_same_config_and_calls_give_the_same_batches(shared) -> None:
+    """Two datasets of the same config (each its own composer and provider processes), the
+    same calls at the same steps, one of them at a different speed: the same batches. Exact
+    resume after SIGKILL (below) checks the same across server processes."""
+    server, _ = shared
     runs = []
-    for run in range(2):
-        server = start_server(config, data_root=tmp_path / f"root{run}")
-        with QueueClient(server.address, "d") as client:
+    for name, pause in (("same_a", False), ("same_b", True)):
+        with QueueClient(server.address, name) as client:
             first = take(client, 2 * NB + 3)
+            if pause:  # let composition run ahead as far as the window allows
+                wait_until(
+                    lambda n=name: server.split_stats(n)["ready_files"] >= BACKLOG, 30, "backlog"
+                )
             client.set_curriculum(0.0)
             runs.append(torch.cat([first, take(client, 6 * NB)]))
-        server.kill()
     assert torch.equal(runs[0], runs[1])
 
 

@@ -7,14 +7,15 @@ Each served file (seq s, K batches) is composed in seq order:
 2. pick, K times: score every buffered batch by the neglect score of the design,
    sum over its tokens t of count(t) * target(t) / (served(t) + 1e-9), where
    target = (1 - alpha) * corpus + alpha * uniform and served is the distribution of the
-   tokens served so far; serve the best (the oldest on a tie) and add its tokens to served;
+   tokens served so far; serve the best (the oldest on a tie) and add its tokens to served.
+   Scores only fall as tokens are served, so a pick rescores lazily (see _Parts);
 3. cull: a batch that waited `max_age` files is dropped, and so are the lowest scorers beyond
    `capacity`; a candidate file none of whose batches is left is retired (deleted).
 
 Everything is a pure function of the candidates (deterministic per candidate seq), the alpha
 overrides and the world size, so the same calls give the same batches. Scoring is numpy over
-the buffer's histograms (O(buffer nnz) per pick) and runs in a worker process, never on the
-server's event loop; a change of alpha is simply used by the next pick.
+the buffer's histograms (a full pass per served file, a few batches per pick) and runs in a
+worker process, never on the server's event loop; a change of alpha is used by the next pick.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from queue_server.curriculum.corpus import kl_divergence
 from queue_server.curriculum.schedule import AlphaSchedule, alpha_for
 
 _EPS = 1e-9
+# Columns of the dense part of the scores (see _Parts): 1000 batches x 4096 float64 = 32 MB.
+_MAX_DENSE = 4096
 SNAPSHOT_VERSION = 1
 
 
@@ -116,6 +119,102 @@ class CandidateFile:
         return self.ids[lo:hi], self.counts[lo:hi]
 
 
+class _Parts:
+    """Every buffered batch's score, kept so that a pick costs far less than a rescoring:
+
+        score(b) = sum_t count_b(t) * target(t) * g(t),
+        g(t) = 1 / (served(t) + 1e-9 * (N + 1)),      N = tokens served so far,
+
+    which ranks batches exactly as the design's neglect score, target(t) / (served(t) / (N+1)
+    + 1e-9), does (the two differ by the factor N + 1, common to all). Three parts:
+
+    - dense: tokens most batches hold (in at least an eighth of the buffer, at most
+      _MAX_DENSE of them) carry most of every score and move after every pick: a
+      matrix-vector product per pick;
+    - unseen: every other token not served yet has the same g = 1 / (1e-9 * (N + 1)), so
+      per batch the sums Z_A = count * corpus and Z_U = count / V times that one factor;
+    - seen: the other served tokens, per batch A = count * corpus * g and U = count * g / V.
+
+    Alpha mixes the parts for free: (1 - alpha) * (A-like) + alpha * (U-like). Serving only
+    adds to served(t) and N, and moving a token from unseen to seen only lowers its g, so
+    stale unseen and seen parts bound the exact ones from above: each pick recomputes only
+    the batches that reach the top (lazy greedy) and takes the first whose bound is exact,
+    the batch a full rescoring would pick.
+    """
+
+    def __init__(self, composer: Composer, hists: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.c = composer
+        self.hists = hists
+        n, vocab = len(hists), composer.settings.vocab_size
+        df = np.bincount(np.concatenate([h[0] for h in hists]), minlength=vocab)
+        dense = np.flatnonzero(df >= max(2, n // 8))
+        if len(dense) > _MAX_DENSE:  # the most widespread ones, ties to the lower id
+            dense = np.sort(np.argsort(-df, kind="stable")[:_MAX_DENSE])
+        column = np.full(vocab, -1, np.int64)
+        column[dense] = np.arange(len(dense))
+        self.dense = dense
+        self.dense_counts = np.zeros((n, len(dense)))
+        self.sparse: list[tuple[np.ndarray, np.ndarray]] = []
+        for i, (ids, counts) in enumerate(hists):
+            cols = column[ids]
+            in_dense = cols >= 0
+            self.dense_counts[i, cols[in_dense]] = counts[in_dense]
+            self.sparse.append((ids[~in_dense], counts[~in_dense]))
+        self.parts = np.empty((4, n))  # rows: unseen Z_A, Z_U; seen A, U
+        for i in range(n):
+            self._exact(i)
+        self.fresh = np.ones(n, bool)
+
+    def _eps(self) -> float:
+        return _EPS * (self.c.served_tokens + 1)
+
+    def _exact(self, i: int) -> None:
+        c = self.c
+        ids, counts = self.sparse[i]
+        served = c.served[ids]
+        unseen = served == 0
+        vocab = c.settings.vocab_size
+        self.parts[0, i] = float(counts[unseen] @ c.corpus[ids[unseen]])
+        self.parts[1, i] = float(counts[unseen].sum()) / vocab
+        seen = ~unseen
+        g = 1.0 / (served[seen] + self._eps())
+        self.parts[2, i] = float(counts[seen] @ (c.corpus[ids[seen]] * g))
+        self.parts[3, i] = float(counts[seen] @ g) / vocab
+
+    def served_changed(self) -> None:
+        self.fresh[:] = False
+
+    def _mix(self, alpha: float) -> np.ndarray:
+        """The per-part factors of the current alpha and N."""
+        unseen = 1.0 / self._eps()
+        return np.array([(1.0 - alpha) * unseen, alpha * unseen, 1.0 - alpha, alpha])
+
+    def _dense_part(self, alpha: float) -> np.ndarray:
+        g = 1.0 / (self.c.served[self.dense] + self._eps())
+        return self.dense_counts @ (self.c.target(alpha)[self.dense] * g)
+
+    def best(self, alive: np.ndarray, alpha: float) -> int:
+        """The alive batch of the highest score, the first (oldest) on a tie."""
+        dense, mix = self._dense_part(alpha), self._mix(alpha)
+        bound = dense + mix @ self.parts
+        bound[~alive] = -np.inf
+        while True:
+            i = int(np.argmax(bound))
+            if self.fresh[i]:
+                return i
+            self._exact(i)
+            self.fresh[i] = True
+            bound[i] = dense[i] + mix @ self.parts[:, i]
+
+    def exact_scores(self, alive: np.ndarray, alpha: float) -> np.ndarray:
+        for i in np.flatnonzero(alive & ~self.fresh):
+            self._exact(int(i))
+            self.fresh[i] = True
+        scores = self._dense_part(alpha) + self._mix(alpha) @ self.parts
+        scores[~alive] = -np.inf
+        return scores
+
+
 @dataclass
 class Composition:
     picks: list[tuple[int, int]]
@@ -192,9 +291,7 @@ class Composer:
         hists = [
             self._file(int(c)).hist(int(i)) for c, i in zip(self.cand, self.index, strict=True)
         ]
-        ids = np.concatenate([h[0] for h in hists])
-        counts = np.concatenate([h[1] for h in hists])
-        rows = np.repeat(np.arange(n), [len(h[0]) for h in hists])
+        parts = _Parts(self, hists)
         alive = np.ones(n, bool)
         picks: list[tuple[int, int]] = []
         alphas: list[float] = []
@@ -202,48 +299,31 @@ class Composer:
             alpha = alpha_for(
                 s.schedule, overrides, seq, i, s.batches_per_file, world_size, self.served_tokens
             )
-            scores = self._scores(ids, counts, rows, n, alpha)
-            scores[~alive] = -np.inf
-            best = int(np.argmax(scores))  # the first maximum: the oldest batch on a tie
+            best = parts.best(alive, alpha)
             alive[best] = False
             b_ids, b_counts = hists[best]
             self.served[b_ids] += b_counts.astype(np.int64)
             self.served_tokens += int(b_counts.sum())
+            parts.served_changed()
             picks.append((int(self.cand[best]), int(self.index[best])))
             alphas.append(alpha)
         self.alpha = alphas[-1]
         self.picked += len(picks)
-        culled = self._cull(alive, ids, counts, rows, n, seq)
+        culled = self._cull(alive, parts, seq)
         before = set(self.cand.tolist())
         self.cand, self.index, self.born = self.cand[alive], self.index[alive], self.born[alive]
         retired = sorted(before - set(self.cand.tolist()))
         self.plans += 1
         return Composition(picks, alphas, retired, culled)
 
-    def _scores(
-        self, ids: np.ndarray, counts: np.ndarray, rows: np.ndarray, n: int, alpha: float
-    ) -> np.ndarray:
-        served_dist = self.served / (self.served_tokens + _EPS)
-        weights = self.target(alpha) / (served_dist + _EPS)
-        return np.bincount(rows, weights=counts * weights[ids], minlength=n)
-
-    def _cull(
-        self,
-        alive: np.ndarray,
-        ids: np.ndarray,
-        counts: np.ndarray,
-        rows: np.ndarray,
-        n: int,
-        seq: int,
-    ) -> int:
+    def _cull(self, alive: np.ndarray, parts: _Parts, seq: int) -> int:
         s = self.settings
         old = alive & (self.born <= seq - s.max_age)
         culled = int(old.sum())
         alive &= ~old
         over = int(alive.sum()) - s.capacity
         if over > 0:
-            scores = self._scores(ids, counts, rows, n, self.alpha)
-            scores[~alive] = -np.inf
+            scores = parts.exact_scores(alive, self.alpha)
             keep = np.argsort(-scores, kind="stable")[: s.capacity]
             alive[:] = False
             alive[keep] = True
