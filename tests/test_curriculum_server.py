@@ -5,6 +5,7 @@ resume after SIGKILL. The skewed corpus is written by the tests."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import textwrap
@@ -79,6 +80,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
             # Two datasets of one config: separate composers, the same batches.
             dataset("same_a", corpus, curriculum(1.0)),
             dataset("same_b", corpus, curriculum(1.0)),
+            dataset("crash", corpus, curriculum(1.0)),
+            dataset("crash_twin", corpus, curriculum(1.0)),
         ]
     )
     factory = ServerFactory(tmp)
@@ -164,6 +167,31 @@ def test_same_config_and_calls_give_the_same_batches(shared) -> None:
             client.set_curriculum(0.0)
             runs.append(torch.cat([first, take(client, 6 * NB)]))
     assert torch.equal(runs[0], runs[1])
+
+
+def test_killed_composer_and_provider_workers_change_nothing_served(shared) -> None:
+    """SIGKILL the composer, then a candidate worker, while a trainer reads: both restart
+    (the composer from its snapshot) and the trainer reads the stream of an undisturbed run."""
+    server, _ = shared
+    with QueueClient(server.address, "crash") as client:
+        got = [take(client, 2 * NB + 3)]
+        client.set_curriculum(0.0)
+        # worker_pids: the composer first, then the provider workers.
+        for victim in (0, 1):
+            pid = int(server.split_stats("crash")["worker_pids"][victim])
+            os.kill(pid, signal.SIGKILL)
+            got.append(take(client, 2 * NB))
+            wait_until(
+                lambda p=pid: p not in map(int, server.split_stats("crash")["worker_pids"]),
+                30,
+                f"a new process in place of pid {pid}",
+            )
+    assert server.split_stats("crash")["worker_restarts"] == 2  # the composer, the provider
+    with QueueClient(server.address, "crash_twin") as twin:
+        twin_run = take(twin, 2 * NB + 3)
+        twin.set_curriculum(0.0)
+        twin_run = torch.cat([twin_run, take(twin, 4 * NB)])
+    assert torch.equal(torch.cat(got), twin_run)
 
 
 def test_two_ranks_get_each_batch_once_and_the_disk_stays_bounded(shared) -> None:

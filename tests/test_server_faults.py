@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -189,3 +190,26 @@ def test_workers_die_with_a_killed_server_even_mid_file(start_server) -> None:
     server.kill(signal.SIGKILL)
     # Each worker is inside a 120 s file; left alone it would live on and publish it.
     wait_until(lambda: all(_process_gone(p) for p in pids), 20, "the workers to exit")
+
+
+def test_a_worker_that_dies_while_idle_is_restarted_at_once(start_server, corpus: Path) -> None:
+    """No file is asked for (the backlog is full), yet the dead worker is replaced: stats
+    never show a dead pid, and the next file does not wait for a restart."""
+    server = start_server(char_config(corpus, extra="max_backlog_files = 1"))
+    wait_until(lambda: server.split_stats("chars")["ready_files"] >= 3, 30, "a full backlog")
+    (pid,) = server.split_stats("chars")["worker_pids"]
+    os.kill(int(pid), signal.SIGKILL)
+    stats = wait_until(
+        lambda: (
+            (s := server.split_stats("chars"))["worker_restarts"] == 1
+            and s["worker_pids"]
+            and int(s["worker_pids"][0]) != int(pid)
+            and s
+        ),
+        30,
+        "the idle worker's restart",
+    )
+    assert "exited while idle" in server.stats("chars")["last_error"] or stats
+    with QueueClient(server.address, "chars") as client:
+        for _ in range(5 * 4):
+            client.get_batch("train")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -218,6 +219,7 @@ class SplitQueue:
 
     async def _start_worker(self, w: int) -> None:
         worker = self._make_worker(w)
+        worker.on_exit = lambda: self._exited_idle(w, worker)
         reply = await worker.start()
         self._stateful = bool(reply.get("stateful", False))
         state = None
@@ -678,6 +680,23 @@ class SplitQueue:
         self.changed.notify()
         self._kick()
 
+    def _exited_idle(self, w: int, worker: Any) -> None:
+        """A worker's process exited on its own. In a call, the call reports it; idle, it is
+        restarted now, so stats never show a dead pid and the next file does not wait."""
+        if self._closed or self._failed is not None or self._workers[w] is not worker:
+            return
+        if w in self._busy:
+            return  # its call in flight fails with WorkerDied and restarts it
+        self._busy.add(w)  # no job for it meanwhile
+
+        async def restart() -> None:
+            self._busy.discard(w)
+            await self._worker_failed(
+                w, f"{worker.label} (pid {worker.pid}) exited while idle", True
+            )
+
+        self._spawn(restart())
+
     def _remove_temps_of(self, pid: int | None) -> None:
         """A worker killed mid-write leaves a temp file named after its pid: remove it now."""
         if pid is None:
@@ -794,9 +813,17 @@ class SplitQueue:
                     lag_files=sum(1 for s in self.files if s % w == r),
                 )
             )
+        counters = self.counters
+        candidates = getattr(self._workers[0], "candidates", None) if self.curriculum else None
+        if candidates is not None:  # a curriculum split's provider workers are its own too
+            counters = dataclasses.replace(
+                counters,
+                worker_restarts=counters.worker_restarts + candidates.counters.worker_restarts,
+                disk_errors=counters.disk_errors + candidates.counters.disk_errors,
+            )
         return SplitSnapshot(
             split=self.split,
-            counters=self.counters,
+            counters=counters,
             ready_files=sum(1 for e in self.files.values() if e.lease is None),
             leased_files=len(self.leases),
             max_backlog_files=self.config.max_backlog_files,

@@ -14,6 +14,7 @@ import json
 import logging
 import multiprocessing
 import socket
+from collections.abc import Callable
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,11 @@ class WorkerProcess:
         self._proc: multiprocessing.process.BaseProcess | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._watched: int | None = None
         self.init_reply: dict[str, Any] = {}
+        # Called on the event loop when the process exits by itself (not by stop or kill), so
+        # a worker that dies while idle is restarted at once, not when next asked for a file.
+        self.on_exit: Callable[[], None] | None = None
 
     @property
     def init_request(self) -> dict[str, Any]:
@@ -77,11 +82,29 @@ class WorkerProcess:
         finally:
             child.close()
         self._proc = proc
+        self._watch(proc.sentinel)
         self._reader, self._writer = await asyncio.open_unix_connection(
             sock=parent, limit=_LINE_LIMIT
         )
         self.init_reply = await self.call({"op": "init", **self._init})
         return self.init_reply
+
+    def _watch(self, sentinel: int) -> None:
+        """Be told when the process exits: its sentinel becomes readable."""
+        loop = asyncio.get_running_loop()
+        self._watched = sentinel
+        loop.add_reader(sentinel, self._exited)
+
+    def _unwatch(self) -> None:
+        if self._watched is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._watched)
+            self._watched = None
+
+    def _exited(self) -> None:
+        self._unwatch()
+        if self.on_exit is not None:
+            self.on_exit()
 
     async def call(self, request: dict[str, Any]) -> dict[str, Any]:
         reader, writer = self._reader, self._writer
@@ -112,6 +135,7 @@ class WorkerProcess:
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Close the socket (the worker's loop ends), then make sure the process is gone."""
+        self._unwatch()
         proc, writer = self._proc, self._writer
         self._proc = self._reader = self._writer = None
         if writer is not None:
@@ -125,6 +149,7 @@ class WorkerProcess:
             await asyncio.to_thread(proc.join, timeout_s)
 
     def kill(self) -> None:
+        self._unwatch()
         if self._proc is not None and self._proc.exitcode is None:
             with contextlib.suppress(Exception):
                 self._proc.kill()

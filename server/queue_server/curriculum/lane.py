@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from queue_client import errors
@@ -45,6 +46,14 @@ class CurriculumLane:
     @property
     def pid(self) -> int | None:
         return self._composer.pid
+
+    @property
+    def on_exit(self) -> Callable[[], None] | None:
+        return self._composer.on_exit
+
+    @on_exit.setter
+    def on_exit(self, callback: Callable[[], None] | None) -> None:
+        self._composer.on_exit = callback
 
     @property
     def candidates(self) -> SplitQueue:
