@@ -32,7 +32,7 @@ from typing import Any
 # Imported here so that the forkserver, which preloads this module, holds them ready to fork.
 import torch
 
-from queue_client.batchfile import candidates_dir, queue_dir
+from queue_client.batchfile import PublishedFile, candidates_dir, queue_dir
 from queue_client.meta import meta_from_json, meta_to_json
 from queue_providers import DataProviderBase, ProviderContext, create
 
@@ -48,6 +48,21 @@ def run_over_socket(sock: socket.socket, cwd: str) -> None:
         for stream in (requests, replies, sock):
             with contextlib.suppress(OSError):
                 stream.close()
+
+
+def produced_reply(
+    seq: int, published: PublishedFile, before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, Any]:
+    """The reply to a produce: what the split queue journals (state before and after)."""
+    return {
+        "ok": True,
+        "seq": seq,
+        "name": str(published.name),
+        "bytes": published.size_bytes,
+        "crc": published.crc32,
+        "before": before,
+        "after": after,
+    }
 
 
 def _exit_when_server_goes(sock: socket.socket) -> None:
@@ -135,17 +150,7 @@ def _loop(requests: Any, reply: Any) -> None:
                 after = provider.state_dict(split)
                 if forward is not None:
                     provider.load_state_dict(split, forward)
-                reply(
-                    {
-                        "ok": True,
-                        "seq": seq,
-                        "name": str(published.name),
-                        "bytes": published.size_bytes,
-                        "crc": published.crc32,
-                        "before": before,
-                        "after": after,
-                    }
-                )
+                reply(produced_reply(seq, published, before, after))
             elif op in ("curriculum_init", "compose", "materialize"):
                 assert provider is not None and root is not None, "init first"
                 if host is None:

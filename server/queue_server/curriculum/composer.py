@@ -36,6 +36,8 @@ _EPS = 1e-9
 # Columns of the dense part of the scores (see _Parts): 1000 batches x 4096 float64 = 32 MB.
 _MAX_DENSE = 4096
 SNAPSHOT_VERSION = 1
+# The composer's integer state, in snapshot order after the version.
+_SNAPSHOT_COUNTERS = ("served_tokens", "next_candidate", "plans", "ingested", "culled", "picked")
 
 
 @dataclass(frozen=True)
@@ -363,16 +365,7 @@ class Composer:
     # ---- snapshots -------------------------------------------------------------------------
     def save(self, path: Path) -> None:
         scalars = np.array(
-            [
-                SNAPSHOT_VERSION,
-                self.served_tokens,
-                self.next_candidate,
-                self.plans,
-                self.ingested,
-                self.culled,
-                self.picked,
-            ],
-            np.int64,
+            [SNAPSHOT_VERSION, *(getattr(self, name) for name in _SNAPSHOT_COUNTERS)], np.int64
         )
         tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
         with open(tmp, "wb") as f:
@@ -396,14 +389,8 @@ class Composer:
                 raise ValueError(f"{path}: composer snapshot version {int(scalars[0])} is unknown")
             if z["served"].shape != self.served.shape:
                 raise ValueError(f"{path}: composer snapshot is for another vocab size")
-            (
-                self.served_tokens,
-                self.next_candidate,
-                self.plans,
-                self.ingested,
-                self.culled,
-                self.picked,
-            ) = (int(v) for v in scalars[1:])
+            for name, value in zip(_SNAPSHOT_COUNTERS, scalars[1:], strict=True):
+                setattr(self, name, int(value))
             self.alpha = float(z["alpha"][0])
             self.served = z["served"].astype(np.int64)
             self.cand, self.index, self.born = z["cand"], z["index"], z["born"]

@@ -21,6 +21,7 @@ from queue_client.meta import meta_from_json
 from queue_providers import DataProviderBase
 from queue_server.curriculum.composer import Composer, ComposerSettings
 from queue_server.curriculum.corpus import CURRICULUM_DIR, cache_key, cache_path, load_or_estimate
+from queue_server.worker import produced_reply
 
 _SNAPSHOTS_KEPT = 3
 
@@ -97,14 +98,9 @@ class ComposerHost:
         name = f"composer-{seq:010d}.npz"
         composer.save(self._snapshots() / name)
         self._prune_snapshots(seq)
+        before = {"picks": result.picks, "alphas": [round(a, 6) for a in result.alphas]}
         return {
-            "ok": True,
-            "seq": seq,
-            "name": str(published.name),
-            "bytes": published.size_bytes,
-            "crc": published.crc32,
-            "before": {"picks": result.picks, "alphas": [round(a, 6) for a in result.alphas]},
-            "after": {"snapshot": name},
+            **produced_reply(seq, published, before, {"snapshot": name}),
             "retired": result.retired,
             "culled": result.culled,
             **self._status(),
@@ -117,15 +113,7 @@ class ComposerHost:
         composer.attach({int(c): p for c, p in req["paths"].items()})
         published = composer.write(self._queue(), seq, req["picks"], req["alphas"])
         composer.detach_unheld()
-        return {
-            "ok": True,
-            "seq": seq,
-            "name": str(published.name),
-            "bytes": published.size_bytes,
-            "crc": published.crc32,
-            "before": {"picks": req["picks"], "alphas": req["alphas"]},
-            "after": {},
-        }
+        return produced_reply(seq, published, {"picks": req["picks"], "alphas": req["alphas"]}, {})
 
     def _queue(self) -> Path:
         return queue_dir(self.data_root, self.dataset, self.split)
