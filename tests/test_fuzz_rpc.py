@@ -141,8 +141,9 @@ def snapshot_outside(tmp: Path, data_root: Path) -> dict[str, tuple[int, int]]:
 
 
 def check_data_root(root: Path) -> None:
-    """Only dataset d's own layout exists: no dir made from a requested name, no symlink."""
-    assert sorted(os.listdir(root)) == ["d"]
+    """Only dataset d's own layout (and the server's lock) exists: no dir made from a requested
+    name, no symlink."""
+    assert sorted(os.listdir(root)) == [".batchqueue.lock", "d"]
     assert set(os.listdir(root / "d")) <= {"meta.pkl", "queue", "quarantine", "journal"}
     for sub in ("queue", "quarantine"):
         assert set(os.listdir(root / "d" / sub)) <= set(SPLITS)

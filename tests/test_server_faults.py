@@ -213,3 +213,24 @@ def test_a_worker_that_dies_while_idle_is_restarted_at_once(start_server, corpus
     with QueueClient(server.address, "chars") as client:
         for _ in range(5 * 4):
             client.get_batch("train")
+
+
+def test_a_second_server_on_the_same_data_root_is_refused(start_server, corpus: Path) -> None:
+    """Two servers on one data root would append to the same journals and delete each other's
+    files: the second exits naming the root and the first's pid. The lock dies with its
+    holder, so after a SIGKILL the root is free again."""
+    root = start_server(char_config(corpus)).data_root
+    first = start_server.servers[-1]
+    second = subprocess.run(
+        [sys.executable, "-m", "queue_server", "--listen", "127.0.0.1:0", "--data-root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=subprocess_env(),
+    )
+    assert second.returncode == 2
+    assert f"data root {root} is in use by another queue-server (pid {first.proc.pid})" in (
+        second.stderr
+    )
+    first.kill(signal.SIGKILL)
+    start_server(char_config(corpus), data_root=root)  # serves: the lock went with its holder

@@ -24,6 +24,7 @@ from queue_server.auth import TokenInterceptor
 from queue_server.config import ServerConfig, parse_listen
 from queue_server.dataset import SERVING, DatasetRuntime
 from queue_server.metrics import MetricsServer
+from queue_server.root_lock import DataRootLock
 from queue_server.servicer import BatchQueueServicer
 
 log = logging.getLogger("queue_server")
@@ -56,6 +57,7 @@ class QueueServer:
             else None
         )
         self.metrics_address = ""
+        self._root_lock = DataRootLock(root)
 
     def _on_dataset_state(self, runtime: DatasetRuntime) -> None:
         asyncio.get_running_loop().create_task(self._publish_health())
@@ -75,6 +77,7 @@ class QueueServer:
         """Bind, start serving, and start every dataset in the background; returns the address."""
         cfg = self.config
         listen = parse_listen(cfg.listen)
+        await asyncio.to_thread(self._root_lock.acquire)  # before anything touches the root
         if not listen.is_loopback:
             log.warning(
                 "listening on %s, which is reachable from other hosts%s",
@@ -156,6 +159,7 @@ class QueueServer:
         listen = parse_listen(self.config.listen)
         if listen.unix_path:
             await asyncio.to_thread(Path(listen.unix_path).unlink, missing_ok=True)
+        self._root_lock.release()
 
 
 async def create_server(config: ServerConfig) -> tuple[QueueServer, str]:
