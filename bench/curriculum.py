@@ -10,6 +10,7 @@ alone for FIFO, provider plus composer for the curriculum.
 
 from __future__ import annotations
 
+from bench import composer_scale
 from bench.data import Tokens
 from bench.harness import Result, Settings, fmt, median
 from bench.servers import Server, ServerSpec, dataset_toml
@@ -127,4 +128,5 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
             f"composer + provider {fmt(1e6 / amortised[CURRICULUM])} batches/s, provider alone "
             f"{fmt(1e6 / amortised[FIFO])}; buffer {stats.get('buffer_batches', '?')} batches",
         ),
+        *composer_scale.run(settings),
     ]
