@@ -414,3 +414,40 @@ def test_a_streaming_text_dataset_is_served_by_curriculum(start_server, tmp_path
     ]
     assert len(picks) >= 32 and len(picks) == len(set(picks))
     assert list((root / "curriculum").glob("corpus-*.npy"))
+
+
+def test_a_curriculum_whose_providers_cannot_write_says_so_and_recovers(
+    start_server, tmp_path: Path
+) -> None:
+    """Candidates that cannot be written (disk full, injected): the trainer's timeout names
+    the provider's write error, stats count it, and serving resumes once the disk frees."""
+    fault = tmp_path / "disk-full"
+    config = textwrap.dedent(
+        f"""
+        [datasets.full]
+        provider = "bq_test_providers:DiskFullProvider"
+        batch_size = 2
+        batches_per_file = 4
+        selection = "curriculum"
+        candidate_buffer = 8
+        starting_estimation_token_count = 500
+        [datasets.full.args]
+        fault_file = "{fault.as_posix()}"
+        """
+    )
+    fault.touch()
+    server = start_server(config)
+    with QueueClient(server.address, "full", timeout_s=1.5) as client:
+        with pytest.raises(errors.NoBatchReady, match=r"cannot write: .*No space left on device"):
+            client.get_batch("train")
+        stats = server.split_stats("full")
+        assert stats["disk_errors"] >= 1 and "No space left" in stats["last_disk_error"]
+        fault.unlink()
+
+        def served() -> bool:  # production retries with a backoff of up to 5 s
+            try:
+                return client.get_batch("train")[0].shape == (2, 4)
+            except errors.NoBatchReady:
+                return False
+
+        wait_until(served, 60, "serving after the disk freed")

@@ -377,6 +377,9 @@ class SplitQueue:
             await self.changed.wait(remaining)
 
     def _why_slow(self) -> str:
+        candidates = self._candidates()
+        if candidates is not None and candidates._why_slow():
+            return candidates._why_slow()  # a curriculum's provider workers are the ones stuck
         if self.last_disk_error:
             return f"; the provider cannot write: {self.last_disk_error}"
         if self.last_error:
@@ -790,12 +793,15 @@ class SplitQueue:
         log.info("%s: alpha %s from seq %d on", where, "schedule" if alpha is None else alpha, at)
         return at
 
+    def _candidates(self) -> SplitQueue | None:
+        """A curriculum split's queue of candidate files (None otherwise, or mid-restart)."""
+        return getattr(self._workers[0], "candidates", None) if self.curriculum else None
+
     def curriculum_stats(self) -> dict[str, Any] | None:
         if not self.curriculum:
             return None
-        lane = self._workers[0]
-        stats = dict(getattr(lane, "stats", {}) or {})
-        candidates = getattr(lane, "candidates", None)
+        stats = dict(getattr(self._workers[0], "stats", {}) or {})
+        candidates = self._candidates()
         stats["candidate_files"] = len(candidates.files) if candidates is not None else 0
         stats["overrides"] = len(self.alpha_overrides)
         return stats
@@ -814,7 +820,7 @@ class SplitQueue:
                 )
             )
         counters = self.counters
-        candidates = getattr(self._workers[0], "candidates", None) if self.curriculum else None
+        candidates = self._candidates()
         if candidates is not None:  # a curriculum split's provider workers are its own too
             counters = dataclasses.replace(
                 counters,
@@ -831,7 +837,8 @@ class SplitQueue:
             next_seq=min(self._next_forward),
             ranks=ranks,
             worker_pids=self.worker_pids(),
-            last_disk_error=self.last_disk_error,
+            last_disk_error=self.last_disk_error
+            or (candidates.last_disk_error if candidates is not None else ""),
             curriculum=self.curriculum_stats(),
             **self._accounting(),
         )
