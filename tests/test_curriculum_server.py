@@ -451,3 +451,13 @@ def test_a_curriculum_whose_providers_cannot_write_says_so_and_recovers(
                 return False
 
         wait_until(served, 60, "serving after the disk freed")
+
+
+def test_the_example_config_loads() -> None:
+    """examples/configs/curriculum_char.toml, as docs/curriculum.md points users to it."""
+    from conftest import ROOT
+    from queue_server.config import load_config
+
+    config = load_config(ROOT / "examples" / "configs" / "curriculum_char.toml")
+    (ds,) = config.datasets
+    assert ds.selection == "curriculum" and ds.curriculum_schedule == [[1000, 1.0], [5000, 0.0]]
