@@ -40,6 +40,30 @@ def wait_until(
         time.sleep(0.02)
 
 
+def train_losses(
+    client: Any, params: Any, loss_of: Callable[[Any], Any], lr: float, steps: int = 30
+) -> list[float]:
+    """Adam on `params` over `steps` train batches of `client`, each checked against the
+    split's schema first; the losses, to show a tiny model learns through the queue."""
+    import torch
+
+    from queue_client.schema import check_tensors
+
+    opt = torch.optim.Adam(params, lr=lr)
+    names = [f.name for f in client.schema("train")]
+    losses = []
+    for _ in range(steps):
+        batch = client.get_batch("train")
+        fields = dict(zip(names, batch, strict=True)) if isinstance(batch, tuple) else batch
+        check_tensors(client.schema("train"), fields, (client.batch_size,))
+        loss = loss_of(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(ROOT / "client"), str(ROOT / "server"), str(ROOT / "providers"), str(SUPPORT)]

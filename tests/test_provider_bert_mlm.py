@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import train_losses
 from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError, MetaError, SchemaMismatch
 from queue_client.meta import split_schema
@@ -399,20 +400,14 @@ def test_tiny_mlm_trains_through_queue_client(tmp_path: Path, start_server) -> N
         vocab = meta["vocab_size"]
         torch.manual_seed(0)
         model = TinyMLM(vocab)
-        opt = torch.optim.Adam(model.parameters(), lr=0.02)
-        losses = []
-        for _ in range(30):
-            batch = client.get_batch("train")
-            assert isinstance(batch, dict)
-            check_tensors(client.schema("train"), batch, (32,))
+
+        def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
             logits = model(batch["input_ids"], batch["attention_mask"])
-            loss = torch.nn.functional.cross_entropy(
+            return torch.nn.functional.cross_entropy(
                 logits.reshape(-1, vocab), batch["labels"].reshape(-1), ignore_index=IGNORE
             )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+
+        losses = train_losses(client, model.parameters(), loss_of, lr=0.02)
     finally:
         client.close()
     # From ln(45) ~ 3.8: a masked word is its left neighbour + 1.

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import train_losses
 from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError
-from queue_client.schema import check_tensors
 from queue_providers import ProviderContext, create
 
 if sys.version_info >= (3, 11):
@@ -210,18 +210,14 @@ def test_tiny_denoiser_trains_through_queue_client(tmp_path: Path, start_server)
         assert client.meta["training_type"] == "MLM" and vocab == 27
         torch.manual_seed(0)
         model = TinyDenoiser(vocab)
-        opt = torch.optim.Adam(model.parameters(), lr=0.02)
-        losses = []
-        for _ in range(30):
-            x, y = client.get_batch("train")
-            check_tensors(client.schema("train"), {"x": x, "y": y}, (16,))
-            loss = torch.nn.functional.cross_entropy(
-                model(x).reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE
-            )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = train_losses(
+            client,
+            model.parameters(),
+            lambda xy: torch.nn.functional.cross_entropy(
+                model(xy[0]).reshape(-1, vocab), xy[1].reshape(-1), ignore_index=IGNORE
+            ),
+            lr=0.02,
+        )
     finally:
         client.close()
     # From ln(27) ~ 3.3; neighbours give the masked letter away.

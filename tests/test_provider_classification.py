@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import train_losses
 from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError
 from queue_client.meta import split_schema
@@ -318,19 +319,13 @@ def test_tiny_classifier_trains_through_queue_client(tmp_path: Path, start_serve
         torch.manual_seed(0)
         emb = torch.nn.Embedding(meta["vocab_size"], 16)
         head = torch.nn.Linear(16, meta["num_classes"])
-        opt = torch.optim.Adam([*emb.parameters(), *head.parameters()], lr=0.05)
-        losses = []
-        for _ in range(30):
-            batch = client.get_batch("train")
-            assert isinstance(batch, dict)
-            check_tensors(client.schema("train"), batch, (32,))
+
+        def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
             mask = batch["attention_mask"].unsqueeze(-1).float()
             pooled = (emb(batch["input_ids"]) * mask).sum(1) / mask.sum(1)
-            loss = torch.nn.functional.cross_entropy(head(pooled), batch["labels"])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+            return torch.nn.functional.cross_entropy(head(pooled), batch["labels"])
+
+        losses = train_losses(client, [*emb.parameters(), *head.parameters()], loss_of, lr=0.05)
     finally:
         client.close()
     # From ln(4) ~ 1.39: the keyword decides the class.

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import train_losses
 from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError
-from queue_client.schema import check_tensors
 from queue_providers import ProviderContext, create
 from queue_providers import nanogpt_bin as nb
 
@@ -316,16 +316,14 @@ def test_tiny_lm_trains_through_queue_client(tmp_path: Path, start_server) -> No
         assert client.meta["training_type"] == "LM" and client.meta["vocab_size"] == vocab
         torch.manual_seed(0)
         model = torch.nn.Embedding(vocab, vocab)
-        opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        losses = []
-        for _ in range(30):
-            x, y = client.get_batch("train")
-            check_tensors(client.schema("train"), {"x": x, "y": y}, (16,))
-            loss = torch.nn.functional.cross_entropy(model(x).view(-1, vocab), y.view(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = train_losses(
+            client,
+            model.parameters(),
+            lambda xy: torch.nn.functional.cross_entropy(
+                model(xy[0]).view(-1, vocab), xy[1].view(-1)
+            ),
+            lr=0.1,
+        )
         xv, _ = client.get_batch("val")
         assert xv.shape == (16, t) and xv.dtype == torch.int64
     finally:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import train_losses
 from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError
 from queue_client.meta import split_schema
@@ -274,20 +275,14 @@ def test_tiny_tagger_trains_through_queue_client(tmp_path: Path, start_server) -
         torch.manual_seed(0)
         emb = torch.nn.Embedding(meta["vocab_size"], 16)
         head = torch.nn.Linear(16, meta["num_labels"])
-        opt = torch.optim.Adam([*emb.parameters(), *head.parameters()], lr=0.05)
-        losses = []
-        for _ in range(30):
-            batch = client.get_batch("train")
-            assert isinstance(batch, dict)
-            check_tensors(client.schema("train"), batch, (32,))
+
+        def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
             logits = head(emb(batch["input_ids"]))
-            loss = torch.nn.functional.cross_entropy(
+            return torch.nn.functional.cross_entropy(
                 logits.reshape(-1, 5), batch["labels"].reshape(-1), ignore_index=IGNORE
             )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+
+        losses = train_losses(client, [*emb.parameters(), *head.parameters()], loss_of, lr=0.05)
     finally:
         client.close()
     # From ln(5) ~ 1.6: the first subword names the tag.

@@ -106,44 +106,6 @@ def test_crc_mismatch_is_detected(start_server, corpus: Path) -> None:
     assert server.split_stats("chars")["quarantined_files"] == 1
 
 
-def test_killed_client_leases_expire_back_to_its_stream(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus, server="lease_ttl_s = 1.0"))
-    script = f"""
-        import sys
-        from queue_client import QueueClient
-        c = QueueClient("{server.address}", "chars")
-        x, _ = c.get_batch("train")
-        print(x[0].tolist(), flush=True)
-        sys.stdin.read()  # hold the leases until killed
-    """
-    with subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    ) as proc:
-        try:
-            first_row = proc.stdout.readline().strip()
-            wait_until(lambda: server.split_stats("chars")["leased_files"] == 2, what="two leases")
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    wait_until(
-        lambda: server.split_stats("chars")["leased_files"] == 0,
-        timeout_s=10,
-        what="leases to expire",
-    )
-    stats = server.split_stats("chars")
-    assert stats["leases_expired"] == 2 and stats["consumed_files"] == 0
-    # The same rank comes back and gets the same file: nothing lost, nothing skipped.
-    with QueueClient(server.address, "chars") as client:
-        x, _ = client.get_batch("train")
-        assert str(x[0].tolist()) == first_row
-
-
 def test_dataset_dir_built_from_another_config_is_refused_not_deleted(
     start_server, corpus: Path, tmp_path: Path
 ) -> None:
