@@ -1,4 +1,8 @@
-# batchqueue server image: `docker compose up provider` builds and runs it.
+# batchqueue image: `docker compose up provider` builds and runs it.
+# CPU by default. The CUDA variant is the same image with torch from a CUDA wheel index:
+#   docker compose build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
+# (docker-compose.yml's trainer service builds it so). The wheels bring their CUDA libraries:
+# the host needs only the NVIDIA driver and container toolkit.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -6,9 +10,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     GRPC_VERBOSITY=ERROR
 
-# torch first, pinned, in its own layer: it is the big one and changes least.
+# torch first, pinned, in its own layer: it is the big one and changes least. The CPU wheel
+# index keeps the image free of CUDA libraries that a CPU host never loads.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_SPEC="torch==2.13.0"
-RUN pip install "${TORCH_SPEC}"
+RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -16,9 +22,16 @@ COPY proto ./proto
 COPY client ./client
 COPY server ./server
 COPY providers ./providers
-RUN pip install ".[text]"
+# Extras beyond "text": docker-compose.yml's `ray` profile builds with EXTRAS="text,ray".
+ARG EXTRAS="text"
+RUN pip install ".[${EXTRAS}]"
 
-RUN useradd --create-home --uid 10001 batchqueue && mkdir -p /data && chown batchqueue /data
+# /config holds the config file and the inputs it names (mounted from the host); /data is the
+# data root (a named volume or a host directory).
+# uid and gid 10001, which docker-compose.yml's `user:` names unless told otherwise.
+RUN groupadd --gid 10001 batchqueue \
+    && useradd --create-home --uid 10001 --gid 10001 batchqueue \
+    && mkdir -p /data /config && chown batchqueue:batchqueue /data
 USER batchqueue
 VOLUME ["/data"]
 EXPOSE 50051 50052
@@ -26,5 +39,6 @@ EXPOSE 50051 50052
 # Inside the container the server must listen on all interfaces for the published port to
 # reach it; docker-compose.yml publishes it on the host's loopback only.
 CMD ["queue-server", "--listen", "0.0.0.0:50051", "--metrics-listen", "0.0.0.0:50052", "--data-root", "/data"]
+# The standard gRPC health service: SERVING once every dataset serves.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-m", "queue_server.healthcheck", "--address", "127.0.0.1:50051"]

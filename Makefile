@@ -1,16 +1,17 @@
 # One entry point for people and CI. `make run` serves the default dataset; `make test` runs
-# the suite. Both set up .venv first (torch pinned to the CPU-friendly 2.13.0).
+# the suite; `make check` (what CI runs) lints, type-checks, checks the stubs and tests. All set
+# up .venv first (torch pinned to the CPU-friendly 2.13.0).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test test-all check lint proto proto-check bench clean
+.PHONY: setup run test test-all check lint types proto proto-check bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,ray]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -28,16 +29,20 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The packages and settings are in pyproject.toml's [tool.mypy].
+types: setup
+	$(PY) -m mypy
+
 proto: setup
 	$(PY) scripts/gen_proto.py
 
 proto-check: setup
 	$(PY) scripts/gen_proto.py --check
 
-check: lint proto-check test
+check: lint types proto-check test
 
 bench: setup
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -3,11 +3,14 @@
     python -m bench                        # every row, on generated text (3-4 minutes on 2 cores)
     python -m bench --text input.txt       # on a text of your own (tinyshakespeare: shakespeare_char)
     python -m bench --only 1,2 --json out.json
+    python -m bench --only providers       # rows by their module's name
     python -m bench --quick                # the smoke version CI runs: a few iterations per row
 
 Rows (the issue's numbering): 1 get_batch vs nanoGPT and a DataLoader, 2 copy vs memcpy,
 3 first batch of a file, 4 lease RPCs vs a bare echo, 5 trainer loop, 6 memory, 7 CUDA H2D,
-8 get_batch with curriculum selection vs FIFO.
+8 get_batch with curriculum selection vs FIFO, 9 batch files over the network,
+10 each provider's tokens per second per worker process, 11 production on Ray actors against
+a local worker process and 2 actors against 1.
 The suite starts and stops its own servers, in a temp directory it removes at the end.
 """
 
@@ -23,7 +26,19 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import cuda, curriculum, data, first_batch, memory, rpc, steady, trainer_loop
+from bench import (
+    cuda,
+    curriculum,
+    data,
+    first_batch,
+    memory,
+    providers,
+    ray_production,
+    rpc,
+    steady,
+    trainer_loop,
+    transport,
+)
 from bench.harness import Result, Settings
 from bench.report import machine, progress, table, write_json
 from bench.servers import start_all, stop_all
@@ -37,8 +52,13 @@ MODULES = [
     (("6",), memory, "client and server memory"),
     (("7",), cuda, "CUDA H2D bandwidth"),
     (("8",), curriculum, "get_batch with curriculum selection vs FIFO"),
+    (("9",), transport, "batch files over the network vs a raw socket, files and nanoGPT"),
+    (("10",), providers, "each provider's tokens per second per worker process"),
+    (("11",), ray_production, "production on Ray actors vs a local worker, 2 actors vs 1"),
 ]
 ALL_ROWS = [row for rows, _, _ in MODULES for row in rows]
+# --only also takes a module's name for its rows.
+BY_NAME = {mod.__name__.rsplit(".", 1)[-1]: rows for rows, mod, _ in MODULES}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -69,6 +89,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     rows = ALL_ROWS if not args.only else [r.strip() for r in args.only.split(",") if r.strip()]
+    rows = [row for r in rows for row in BY_NAME.get(r, (r,))]
     unknown = sorted(set(rows) - set(ALL_ROWS))
     if unknown:
         p.error(f"--only: unknown row(s) {unknown}; rows are {','.join(ALL_ROWS)}")

@@ -56,10 +56,7 @@ def _candidates(directory: Path, count: int, batches: int, b: int, t: int) -> di
 
 def _full_rescoring_ms(composer: Composer, repeats: int) -> float:
     """One pick's cost without lazy bounds: every buffered batch scored by np.bincount."""
-    hists = [
-        composer._file(int(c)).hist(int(i))
-        for c, i in zip(composer.cand, composer.index, strict=True)
-    ]
+    hists = composer.buffered_histograms()
     ids = np.concatenate([h[0] for h in hists])
     counts = np.concatenate([h[1] for h in hists])
     rows = np.repeat(np.arange(len(hists)), [len(h[0]) for h in hists])

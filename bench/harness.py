@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,20 +63,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(data) - 1)
     return data[lo] + (data[hi] - data[lo]) * (k - lo)
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.005
-) -> Any:
-    """Poll another process's state (a server's backlog) until `predicate` is truthy."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(poll_s)
 
 
 _SPIN_BUFFER = bytes(16 * 1024)  # zlib.crc32 releases the GIL for buffers over 5 KiB

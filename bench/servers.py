@@ -11,22 +11,15 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import grpc
-from google.protobuf.json_format import MessageToDict
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from bench.harness import memory_mb, wait_until
+from bench.harness import memory_mb
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_server.testing import SERVER_COMMAND, ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
 _START_TIMEOUT_S = 180.0
@@ -89,103 +82,28 @@ def child_env() -> dict[str, str]:
     return env
 
 
-class Server:
-    """A running server process. Its log goes to a file in its own directory."""
+class Server(ServerProcess):
+    """A running server of one spec, in its own directory under the work dir."""
 
     def __init__(self, spec: ServerSpec, workdir: Path) -> None:
         self.spec = spec
-        self.dir = workdir / f"server-{spec.key}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.data_root = self.dir / "data"
-        config_path = self.dir / "config.toml"
-        config_path.write_text(spec.config, encoding="utf-8")
-        self.ready_file = self.dir / "ready.json"
         # A socket path must stay short (108 bytes on Linux): its own dir in the system temp dir.
         self._socket_dir = (
             Path(tempfile.mkdtemp(prefix="bqs-")) if spec.transport == "unix" else None
         )
         listen = f"unix:{self._socket_dir / 's.sock'}" if self._socket_dir else "127.0.0.1:0"
         if spec.loop == "cli":
-            cmd = [sys.executable, "-m", "queue_server"]
+            command: tuple[str, ...] = SERVER_COMMAND
         else:
-            cmd = [sys.executable, "-m", "bench.loop_server", "--loop", spec.loop]
-        cmd += [
-            "--config",
-            str(config_path),
-            "--data-root",
-            str(self.data_root),
-            "--listen",
-            listen,
-            "--ready-file",
-            str(self.ready_file),
-        ]
-        self.log_path = self.dir / "server.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=self.dir
-            )
-        self.address = ""
-        self.pid = self.proc.pid
-        self._channel: grpc.Channel | None = None
-
-    # ---- start -------------------------------------------------------------------------------
-    def wait_serving(self, timeout_s: float = _START_TIMEOUT_S) -> Server:
-        def bound() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server {self.spec.key} exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            return self.ready_file.exists()
-
-        wait_until(bound, timeout_s, f"server {self.spec.key} to bind", poll_s=0.02)
-        self.address = json.loads(self.ready_file.read_text())["address"]
-        health = health_pb2_grpc.HealthStub(self.channel)
-
-        def serving() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server {self.spec.key} exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            try:
-                status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
-            except grpc.RpcError:
-                return False
-            return status == health_pb2.HealthCheckResponse.SERVING
-
-        wait_until(serving, timeout_s, f"server {self.spec.key} to serve", poll_s=0.05)
-        return self
-
-    # ---- looking inside ------------------------------------------------------------------------
-    @property
-    def channel(self) -> grpc.Channel:
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address)
-        return self._channel
-
-    @property
-    def stub(self) -> pb_grpc.BatchQueueStub:
-        return pb_grpc.BatchQueueStub(self.channel)
-
-    def split_stats(self, dataset: str, split: str = "train") -> dict[str, Any]:
-        reply = self.stub.GetStats(pb.GetStatsRequest(dataset=dataset), timeout=10)
-        for s in MessageToDict(
-            reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )["splits"]:
-            if s["split"] == split:
-                return {
-                    k: (int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v)
-                    for k, v in s.items()
-                }
-        raise KeyError(f"{dataset} has no split {split}")
-
-    def wait_ready_files(
-        self, dataset: str, count: int, split: str = "train", timeout_s: float = 120.0
-    ) -> None:
-        """Wait until `count` files wait unleased: the provider has filled its backlog and idles."""
-        wait_until(
-            lambda: self.split_stats(dataset, split)["ready_files"] >= count,
-            timeout_s,
-            f"{count} ready files of {dataset}/{split}",
+            command = (sys.executable, "-m", "bench.loop_server", "--loop", spec.loop)
+        home = workdir / f"server-{spec.key}"
+        super().__init__(
+            home,
+            data_root=home / "data",
+            config_text=spec.config,
+            listen=listen,
+            command=command,
+            env=child_env(),
         )
 
     def worker_pids(self, dataset: str) -> list[int]:
@@ -195,26 +113,12 @@ class Server:
     def memory(self) -> dict[str, float] | None:
         return memory_mb(self.pid)
 
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    # ---- stop ----------------------------------------------------------------------------------
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout_s)
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
+        try:
+            super().stop(timeout_s)
+        finally:
+            if self._socket_dir is not None:
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
 
 
 def start_all(specs: list[ServerSpec], workdir: Path, *, merge: bool = False) -> dict[str, Server]:
@@ -248,5 +152,13 @@ def start_all(specs: list[ServerSpec], workdir: Path, *, merge: bool = False) ->
 
 
 def stop_all(servers: dict[str, Server]) -> None:
+    """Stop each distinct server; one that hangs on shutdown is killed and reported after
+    the others have stopped."""
+    failed: list[BaseException] = []
     for server in {id(s): s for s in servers.values()}.values():
-        server.stop()
+        try:
+            server.stop()
+        except TimeoutError as exc:
+            failed.append(exc)
+    if failed:
+        raise failed[0]

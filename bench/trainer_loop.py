@@ -29,9 +29,10 @@ from typing import Any
 
 from bench import procs
 from bench.data import Tokens
-from bench.harness import Result, Settings, fmt, spin_until, wait_until
+from bench.harness import Result, Settings, fmt, spin_until
 from bench.servers import Server, ServerSpec, dataset_toml
 from bench.walker import FileWalker
+from queue_server.testing import wait_until
 
 B, T = 12, 1024
 BACKLOG = 2
@@ -109,9 +110,6 @@ def rank_main(
         if state is not None:
             client.load_state_dict(state)
         client.get_batch("train")
-        # The client's stream tells which calls open a file and whether its prefetch was done
-        # by then (private attributes: a bench may peek; they only label the samples).
-        stream = getattr(client, "_streams", {}).get("train")
         barrier.wait(timeout=300)
         step_ns = int(run.step_ms * 1e6)
         now = time.perf_counter_ns
@@ -122,9 +120,11 @@ def rank_main(
         for i in range(warm_steps + steps):
             if i == warm_steps:
                 began = now()
-            crossing = getattr(stream, "offset", 0) >= getattr(stream, "_num_batches", 1 << 60)
-            pending = getattr(stream, "_pending", None) if crossing else None
-            ready = pending is not None and pending.done()
+            # Which calls open a file, and whether the prefetch was done by then: labels for
+            # the samples, read before the call and outside the timed span.
+            view = client.stream_view("train")
+            crossing = view.opens_file
+            ready = view.next_file == "ready"
             t0 = now()
             client.get_batch("train")
             t1 = now()

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from bench.servers import Server
+from queue_server.testing import wait_until
 
 if TYPE_CHECKING:
     from queue_client.client import QueueClient
@@ -54,10 +55,12 @@ class FileWalker:
 
     def settle(self, timeout_s: float = 120.0) -> None:
         """Wait for the prefetch of the next file and for the provider to go idle."""
-        stream = getattr(self.client, "_streams", {}).get(self.split)
-        pending = getattr(stream, "_pending", None)
-        if pending is not None:
-            pending.result(timeout=timeout_s)
+        wait_until(
+            lambda: self.client.stream_view(self.split).next_file != "loading",
+            timeout_s,
+            f"the prefetch of the next {self.split} file",
+            poll_s=0.001,
+        )
         self.server.wait_ready_files(self.dataset, self.backlog, self.split, timeout_s)
 
     def time_rest_of_file(

@@ -68,6 +68,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--transport",
+        default="auto",
+        choices=("auto", "file", "grpc"),
+        help="how batch files reach this process: read under the data root, or streamed over "
+        "gRPC (no shared disk needed)",
+    )
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument(
         "--expect-loss-drop",
@@ -77,7 +84,9 @@ def main() -> int:
     )
     args = p.parse_args()
     torch.manual_seed(0)
-    with QueueClient(args.address, args.dataset, device=args.device) as client:
+    with QueueClient(
+        args.address, args.dataset, device=args.device, transport=args.transport
+    ) as client:
         meta = client.meta
         model = TinyGPT(meta["vocab_size"], meta["block_size"]).to(args.device)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.batchfile import TMP_PREFIX, BatchFileName, quarantine_dir, queue_dir, scan_queue
+from queue_client.layout import temp_owner_pid
 
 # The fields that must not move between the two GetStats calls around a disk scan.
 _STABLE = (
@@ -105,10 +106,8 @@ def _listdir(path: Path) -> list[str]:
 
 
 def _temp_pid(name: str) -> int | None:
-    """`.tmp-{timestamp}-{seq}-{pid}.pt` -> pid."""
-    stem = name[len(TMP_PREFIX) :].removesuffix(".pt")
-    tail = stem.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else None
+    """`.tmp-{pid}-{n}-{final name}` -> pid."""
+    return temp_owner_pid(name)
 
 
 def check_disk(split: Mapping[str, Any], disk: DiskView) -> list[str]:

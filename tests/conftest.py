@@ -1,43 +1,27 @@
-"""Shared fixtures: a real queue-server process on a free port or a unix socket."""
+"""Shared fixtures: a real queue-server process on a free port or a unix socket.
+
+ServerProcess and wait_until come from queue_server.testing (the benchmarks use them too) and
+are re-exported here for the test files that import them from conftest."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from google.protobuf.json_format import MessageToDict
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from queue_client.wire import batchqueue_pb2 as pb
-from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_server.testing import ServerProcess
+from queue_server.testing import wait_until as wait_until  # re-exported for the tests
 
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = Path(__file__).resolve().parent / "support"
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition"
-) -> Any:
-    """Poll `predicate` until it returns something truthy, or fail after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
+pytest_plugins = ["ray_cluster"]  # the session's two-node Ray cluster fixture
 
 
 def train_losses(
@@ -110,64 +94,9 @@ def char_config(
     )
 
 
-@dataclass
-class ServerProcess:
-    proc: subprocess.Popen[bytes]
-    address: str
-    data_root: Path
-    config_path: Path | None
-    log_path: Path
-    metrics_address: str = ""
-    _channel: grpc.Channel | None = field(default=None, repr=False)
-
-    @property
-    def channel(self) -> grpc.Channel:
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address)
-        return self._channel
-
-    @property
-    def stub(self) -> pb_grpc.BatchQueueStub:
-        return pb_grpc.BatchQueueStub(self.channel)
-
-    def health(self, service: str = "") -> int:
-        stub = health_pb2_grpc.HealthStub(self.channel)
-        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=30).status
-
-    def stats(self, dataset: str) -> dict[str, Any]:
-        reply = self.stub.GetStats(pb.GetStatsRequest(dataset=dataset), timeout=30)
-        return MessageToDict(
-            reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
-
-    def split_stats(self, dataset: str, split: str = "train") -> dict[str, Any]:
-        for s in self.stats(dataset)["splits"]:
-            if s["split"] == split:
-                return {
-                    k: (int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v)
-                    for k, v in s.items()
-                }
-        raise KeyError(split)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def close_channel(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        self.close_channel()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        self.kill(signal.SIGTERM)
-
-
 class ServerFactory:
+    """Starts real queue-server processes under tmp_path; close() kills every one."""
+
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.servers: list[ServerProcess] = []
@@ -185,63 +114,19 @@ class ServerFactory:
         timeout_s: float = 60.0,
     ) -> ServerProcess:
         self._n += 1
-        work = self.tmp_path / f"server{self._n}"
-        work.mkdir(parents=True, exist_ok=True)
-        data_root = data_root or self.tmp_path / "data"
-        config_path = None
-        cmd = [
-            sys.executable,
-            "-m",
-            "queue_server",
-            "--listen",
-            listen,
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--data-root",
-            str(data_root),
-            "--ready-file",
-            str(work / "ready.json"),
-            *args,
-        ]
-        if config_text is not None:
-            config_path = work / "config.toml"
-            config_path.write_text(config_text, encoding="utf-8")
-            cmd += ["--config", str(config_path)]
-        log_path = work / "server.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=subprocess_env(**(env or {})),
-                cwd=work,
-            )
-        ready = work / "ready.json"
-
-        def bound() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"queue-server exited with {proc.returncode}:\n{log_path.read_text()}"
-                )
-            return ready.exists()
-
-        wait_until(bound, timeout_s, "the server to bind")
-        info = json.loads(ready.read_text())
         server = ServerProcess(
-            proc,
-            info["address"],
-            data_root,
-            config_path,
-            log_path,
-            metrics_address=info.get("metrics_address", ""),
+            self.tmp_path / f"server{self._n}",
+            data_root=data_root or self.tmp_path / "data",
+            config_text=config_text,
+            listen=listen,
+            args=("--metrics-listen", "127.0.0.1:0", *args),
+            env=subprocess_env(**(env or {})),
         )
         self.servers.append(server)
         if wait_serving:
-            wait_until(
-                lambda: server.health() == health_pb2.HealthCheckResponse.SERVING,
-                timeout_s,
-                f"SERVING\n{server.log()}",
-            )
+            server.wait_serving(timeout_s)
+        else:
+            server.wait_bound(timeout_s)
         return server
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""The on-disk batch file format: names, atomic publishing, safe copy-on-write loading."""
+"""The on-disk batch file format: names, encoding, atomic publishing, safe copy-on-write
+loading. Directory names and name checks are layout's (test_layout.py)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,15 @@ from hypothesis import strategies as st
 from queue_client import batchfile as bf
 from queue_client.batchfile import (
     BatchFileName,
-    check_dataset_name,
-    check_split_name,
-    dataset_dir,
+    encode_batch_file,
     file_crc32,
     load_batch_file,
-    quarantine_dir,
-    queue_dir,
-    remove_temp_files,
+    publish_batch_file,
     scan_queue,
     write_batch_file,
 )
-from queue_client.errors import CorruptBatchFile, InvalidRequest
+from queue_client.errors import CorruptBatchFile
+from queue_client.layout import DatasetLayout, is_temp_name, remove_temp_files, temp_path
 
 
 def _tensors(num_batches: int = 3, batch_size: int = 2, width: int = 5) -> dict[str, torch.Tensor]:
@@ -96,7 +94,8 @@ def test_names_order_by_timestamp_then_seq() -> None:
 @pytest.mark.parametrize(
     "name",
     [
-        ".tmp-1700000000123-0000000042-123.pt",
+        ".tmp-4242-0-1700000000123-0000000042-100.pt",
+        ".tmp-1700000000123-0000000042-123.pt",  # the temp name before layout.temp_path
         ".tmp-1700000000123-0000000042-100.pt",
         "meta.pkl",
         "foo.pt",
@@ -135,6 +134,39 @@ def test_write_publishes_atomically_with_matching_size_and_crc(tmp_path: Path) -
     assert file_crc32(path) == published.crc32
 
 
+def test_encode_is_deterministic_and_writes_nothing(tmp_path: Path) -> None:
+    """The same arguments give the same bytes, wherever they are encoded; nothing touches disk
+    until publish, which writes exactly those bytes under the published name."""
+    one = encode_batch_file(seq=3, tensors=_tensors(), metadata={"split": "train"})
+    two = encode_batch_file(seq=3, tensors=_tensors(), metadata={"split": "train"})
+    assert one == two
+    assert (one.seq, one.num_batches, one.crc32) == (3, 3, zlib.crc32(one.data))
+    assert os.listdir(tmp_path) == []
+    published = publish_batch_file(tmp_path, one)
+    assert os.listdir(tmp_path) == [str(published.name)]
+    assert (tmp_path / str(published.name)).read_bytes() == one.data
+    assert (published.name.seq, published.name.num_batches) == (3, 3)
+    assert (published.size_bytes, published.crc32) == (len(one.data), one.crc32)
+
+
+def test_encoded_bytes_load_back(tmp_path: Path) -> None:
+    """What encode makes, load reads, extras included."""
+    hist = torch.arange(4, dtype=torch.int64)
+    encoded = encode_batch_file(seq=5, tensors=_tensors(), metadata={}, extras={"h": hist})
+    published = publish_batch_file(tmp_path, encoded)
+    loaded = load_batch_file(tmp_path / str(published.name))
+    assert torch.equal(loaded.tensors["x"], _tensors()["x"])
+    assert torch.equal(loaded.extras["h"], hist)
+    assert loaded.metadata["seq"] == 5
+
+
+def test_publish_into_a_missing_directory_names_it(tmp_path: Path) -> None:
+    """Publishing never creates directories: the queue dir is the server's to make."""
+    encoded = encode_batch_file(seq=0, tensors=_tensors(), metadata={})
+    with pytest.raises(FileNotFoundError, match="absent"):
+        publish_batch_file(tmp_path / "absent", encoded)
+
+
 def test_file_crc32_of_empty_file_is_zero(tmp_path: Path) -> None:
     """An empty file hashes to crc32(b"") without trying to map zero bytes."""
     empty = tmp_path / "empty"
@@ -166,7 +198,7 @@ def test_scan_queue_ignores_temp_and_foreign_files_and_sorts(tmp_path: Path) -> 
     names = [BatchFileName(3000, 1, 2), BatchFileName(1000, 5, 2), BatchFileName(1000, 3, 2)]
     for n in names:
         (tmp_path / str(n)).write_bytes(b"")
-    (tmp_path / ".tmp-0000000000500-0000000000-1.pt").write_bytes(b"")
+    temp_path(tmp_path / str(BatchFileName(500, 0, 2))).write_bytes(b"")
     (tmp_path / "notes.txt").write_bytes(b"")
     (tmp_path / "0000000000900-0000000001-2.pt.reason.txt").write_bytes(b"")
     assert scan_queue(tmp_path) == sorted(names)
@@ -180,6 +212,25 @@ def test_scan_queue_ignores_temp_and_foreign_files_and_sorts(tmp_path: Path) -> 
 def test_scan_queue_of_missing_directory_is_empty(tmp_path: Path) -> None:
     """A queue directory that does not exist yet holds no files."""
     assert scan_queue(tmp_path / "absent") == []
+
+
+def test_an_interrupted_publish_leaves_only_a_temp_name(tmp_path: Path) -> None:
+    """A temp file beside published ones is invisible to scan_queue and removed at start."""
+    _, published = _publish(tmp_path)
+    leftover = temp_path(tmp_path / str(BatchFileName(1, 8, 3)))
+    leftover.write_bytes(b"half a file")
+    assert is_temp_name(leftover.name)
+    assert [str(n) for n in scan_queue(tmp_path)] == [published.name]
+    assert remove_temp_files(tmp_path) == 1
+    assert os.listdir(tmp_path) == [published.name]
+
+
+def test_the_dir_functions_kept_for_old_importers_give_the_layout_paths() -> None:
+    """batchfile.dataset_dir/queue_dir/quarantine_dir delegate to DatasetLayout."""
+    layout = DatasetLayout(Path("r"), "ds")
+    assert bf.dataset_dir(Path("r"), "ds") == layout.dir
+    assert bf.queue_dir(Path("r"), "ds", "train") == layout.queue_dir("train")
+    assert bf.quarantine_dir(Path("r"), "ds", "val") == layout.quarantine_dir("val")
 
 
 def test_remove_temp_files_removes_only_temp_files(tmp_path: Path) -> None:
@@ -337,105 +388,3 @@ def test_malformed_payloads_are_corrupt(tmp_path: Path, payload: object, needle:
     torch.save(payload, path)
     with pytest.raises(CorruptBatchFile, match=needle):
         load_batch_file(path)
-
-
-# ---- dataset and split names --------------------------------------------------------------
-
-BAD_NAMES = [
-    "..",
-    "../x",
-    "/abs",
-    "a/b",
-    "",
-    "a\x00b",
-    "\x00",
-    "x" * 129,
-    ".hidden",
-    "a..b",
-    "-x",
-    "a b",
-]
-
-
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_check_dataset_name_rejects(name: str) -> None:
-    """Names that could leave the data root, or are malformed, raise InvalidRequest."""
-    with pytest.raises(InvalidRequest, match="not allowed"):
-        check_dataset_name(name)
-
-
-@pytest.mark.parametrize("name", [None, 5, b"abc"])
-def test_check_dataset_name_rejects_non_strings(name: object) -> None:
-    """Only str names are accepted."""
-    with pytest.raises(InvalidRequest):
-        check_dataset_name(name)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("name", ["stdlib_char", "a", "A.b-c_1", "shakespeare-char.v2", "x" * 128])
-def test_check_dataset_name_accepts_normal_names(name: str) -> None:
-    """Ordinary names (up to 128 chars) are returned unchanged."""
-    assert check_dataset_name(name) == name
-
-
-@pytest.mark.parametrize("name", [*BAD_NAMES, "a.b", "x" * 65])
-def test_check_split_name_rejects(name: str) -> None:
-    """Split names allow no dots or slashes and at most 64 characters."""
-    with pytest.raises(InvalidRequest, match="not allowed"):
-        check_split_name(name)
-
-
-@pytest.mark.parametrize("name", ["train", "val", "test-2", "A_b", "x" * 64])
-def test_check_split_name_accepts_normal_names(name: str) -> None:
-    """Ordinary split names are returned unchanged."""
-    assert check_split_name(name) == name
-
-
-@pytest.mark.parametrize("check", [check_dataset_name, check_split_name])
-def test_names_with_trailing_newline_are_rejected(check) -> None:
-    """A trailing newline is not one of the allowed characters."""
-    with pytest.raises(InvalidRequest):
-        check("train\n")
-
-
-_name_text = st.text(alphabet=st.sampled_from("ab.-_/\x00Z9 \\"), max_size=12)
-
-
-@settings(max_examples=100, deadline=None)
-@given(prefix=_name_text, bad=st.sampled_from(["/", "\x00"]), suffix=_name_text)
-def test_names_with_slash_or_nul_are_always_rejected(prefix: str, bad: str, suffix: str) -> None:
-    """Any dataset or split name containing '/' or NUL is rejected."""
-    name = prefix + bad + suffix
-    with pytest.raises(InvalidRequest):
-        check_dataset_name(name)
-    with pytest.raises(InvalidRequest):
-        check_split_name(name)
-
-
-@settings(max_examples=100, deadline=None)
-@given(name=st.one_of(_name_text, st.text(max_size=20), st.just("..")))
-def test_accepted_dataset_dirs_stay_directly_under_root(name: str) -> None:
-    """'..' is rejected, and every accepted name maps to a directory one level under root."""
-    root = Path("data_root")
-    if name == "..":
-        with pytest.raises(InvalidRequest):
-            dataset_dir(root, name)
-        return
-    try:
-        path = dataset_dir(root, name)
-    except InvalidRequest:
-        return
-    normalized = Path(os.path.normpath(path))
-    assert normalized.parent == root
-    assert normalized.name == name
-    assert Path(os.path.normpath(queue_dir(root, name, "train"))).is_relative_to(normalized)
-
-
-def test_queue_and_quarantine_dirs_validate_both_names() -> None:
-    """queue_dir and quarantine_dir build the documented layout and check both names."""
-    root = Path("r")
-    assert queue_dir(root, "ds", "train") == root / "ds" / "queue" / "train"
-    assert quarantine_dir(root, "ds", "val") == root / "ds" / "quarantine" / "val"
-    with pytest.raises(InvalidRequest):
-        queue_dir(root, "ds", "../train")
-    with pytest.raises(InvalidRequest):
-        quarantine_dir(root, "..", "train")

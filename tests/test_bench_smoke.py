@@ -14,7 +14,7 @@ import torch
 
 from conftest import ROOT, subprocess_env
 
-ROWS = ("1", "2", "3", "4", "5", "6", "7", "8")
+ROWS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11")
 
 
 @pytest.mark.timeout(300)

@@ -33,11 +33,15 @@ def test_staging_buffers_are_pinned_and_reused() -> None:
     from queue_client.transfer import Transfer
 
     transfer = Transfer("cuda")
-    src = [torch.arange(12, dtype=torch.int64).view(3, 4) + i for i in range(4)]
-    outs = [transfer([s])[0] for s in src]
+    src = [torch.arange(12, dtype=torch.int64).view(3, 4) + i for i in range(6)]
+    outs = [transfer([s])[0] for s in src[:2]]
+    first = [buf.data_ptr() for slot in transfer.staging for buf in slot]
+    outs += [transfer([s])[0] for s in src[2:]]
     torch.cuda.synchronize()
     assert all(
         torch.equal(o.cpu(), s) for o, s in zip(outs, src, strict=True)
     )  # no slot overwritten early
-    assert all(buf.is_pinned() for slot in transfer._staging for buf in slot)
-    assert len(transfer._staging) == 2
+    assert len(transfer.staging) == 2 and all(len(slot) == 1 for slot in transfer.staging)
+    assert all(buf.is_pinned() for slot in transfer.staging for buf in slot)
+    # Same shapes and dtypes: the two slots' buffers are reused, never allocated again.
+    assert [buf.data_ptr() for slot in transfer.staging for buf in slot] == first

@@ -141,10 +141,16 @@ def snapshot_outside(tmp: Path, data_root: Path) -> dict[str, tuple[int, int]]:
 
 
 def check_data_root(root: Path) -> None:
-    """Only dataset d's own layout (and the server's lock) exists: no dir made from a requested
-    name, no symlink."""
-    assert sorted(os.listdir(root)) == [".batchqueue.lock", "d"]
-    assert set(os.listdir(root / "d")) <= {"meta.pkl", "queue", "quarantine", "journal"}
+    """Only dataset d's own layout (and the server's lock and root id) exists: no dir made from
+    a requested name, no symlink."""
+    assert sorted(os.listdir(root)) == [".batchqueue.lock", ".batchqueue.root-id", "d"]
+    assert set(os.listdir(root / "d")) <= {
+        "meta.pkl",
+        "inputs.json",
+        "queue",
+        "quarantine",
+        "journal",
+    }
     for sub in ("queue", "quarantine"):
         assert set(os.listdir(root / "d" / sub)) <= set(SPLITS)
     assert set(os.listdir(root / "d" / "journal")) <= {f"{s}.jsonl" for s in SPLITS}

@@ -340,10 +340,15 @@ def test_workers_load_the_corpus_cache_meta_names_even_after_the_input_changes(
 
     def worker():
         """A fresh provider over the same dataset dir, as a worker process builds one."""
-        w = create("bert_mlm", ProviderContext("mlm", tmp_path / "ds", batch_size=16), args)
-        w._build = None  # type: ignore[assignment]  # tokenizing again would fail
-        return w
+        return create("bert_mlm", ProviderContext("mlm", tmp_path / "ds", batch_size=16), args)
 
+    # Workers read the cache and never tokenize again: the corpus's lines, reversed behind
+    # the cache's back (same size and mtime, so the same cache key), would give other batches.
+    corpus = tmp_path / "corpus.txt"
+    st = corpus.stat()
+    corpus.write_text("".join(reversed(corpus.read_text().splitlines(keepends=True))))
+    os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert corpus.stat().st_size == st.st_size
     w = worker()
     w.set_meta(meta)
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)

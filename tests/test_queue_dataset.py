@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from conftest import char_config, run_client_script
 from queue_client import QueueClient
 from queue_client.dataset import QueueDataset, worker_world
+from queue_client.errors import InvalidRequest
 from queue_client.world import World
 
 
@@ -56,9 +57,12 @@ def test_main_process_loader_is_the_clients_stream_and_resumes(start_server, cor
     }  # 7 batches of 5 per file
     rest = xs(loader)  # iterating again continues the stream
     assert same(first + rest, reference)
-    # The dataset pickles without its live client (as a DataLoader with workers pickles it).
+    # The dataset pickles without its live client (as a DataLoader with workers pickles it):
+    # the copy keeps its settings, but has read nothing, so it has no position to give.
     copy = pickle.loads(pickle.dumps(ds))
-    assert copy._client is None and copy.max_batches == 7
+    assert copy.max_batches == 7 and repr(copy) == repr(ds)
+    with pytest.raises(InvalidRequest, match="has read nothing in this process"):
+        copy.state_dict()
 
     ds.load_state_dict(state)  # passed to the live client
     assert same(xs(loader), rest)

@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2
 from conftest import ServerFactory, ServerProcess, subprocess_env, wait_until
 from queue_client import QueueClient, errors
 from queue_client.batchfile import TMP_PREFIX, BatchFileName, load_batch_file, scan_queue
+from queue_client.layout import is_temp_of
 from queue_client.wire import batchqueue_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -154,10 +155,9 @@ def kill_worker_mid_write(qdir: Path, pid: int, full_size: int, deadline: float)
     """SIGKILL `pid` while its temp file is still growing; returns that temp name, or None
     if no write was caught before the deadline. A temp smaller than a whole file means the
     write (let alone the fsync and the rename) is unfinished when the signal lands."""
-    suffix = f"-{pid}.pt"
     while time.monotonic() < deadline:
         for name in os.listdir(qdir):
-            if name.startswith(TMP_PREFIX) and name.endswith(suffix):
+            if is_temp_of(name, pid):
                 try:
                     size = os.stat(qdir / name).st_size
                 except FileNotFoundError:

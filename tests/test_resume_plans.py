@@ -113,7 +113,11 @@ def test_elastic_boundary_is_a_multiple_of_both_world_sizes() -> None:
     ("state", "message"),
     [
         ({}, "lacks keys"),
-        ({"version": 2, "dataset": "d", "rank": 0, "world_size": 1, "splits": {}}, "version 2"),
+        ({"version": 9, "dataset": "d", "rank": 0, "world_size": 1, "splits": {}}, "version 9"),
+        (
+            {"version": 2, "dataset": "d", "rank": 0, "world_size": 1, "splits": {}},
+            r"version 2 lacks keys \['config_fingerprint'\]",
+        ),
         ({"version": 1, "dataset": "e", "rank": 0, "world_size": 1, "splits": {}}, "dataset 'e'"),
         (
             {
@@ -148,3 +152,45 @@ def test_overlapping_states_are_refused() -> None:
     b = state_of(StreamPlan(((0, 2),), 3), 1, 2)
     with pytest.raises(InvalidRequest, match="overlap"):
         plan_resume([a, b], World(0, 3), "d")
+
+
+def _v2(train: dict, fingerprint: str = "f00d") -> dict:
+    return {
+        "version": 2,
+        "dataset": "d",
+        "config_fingerprint": fingerprint,
+        "rank": 0,
+        "world_size": 1,
+        "splits": {"train": train},
+    }
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        # (state, what the refusal names), against a server of fingerprint f00d, 4 batches a file
+        (_v2({"seq": 0, "offset": 0, "next_seq": 1}, "beef"), "'beef', but the server .* 'f00d'"),
+        (_v2({"seq": 3, "offset": 5, "next_seq": 4}), "seq 3 at offset 5, but a file holds 4"),
+        (
+            _v2({"seq": 3, "offset": 1, "next_seq": 5, "pending": [[4, 9]]}),
+            "seq 4 at a pending offset 9",
+        ),
+    ],
+)
+def test_a_state_of_another_config_or_past_a_files_end_is_refused(
+    state: dict, message: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        plan_resume(state, World(0, 1), "d", fingerprint="f00d", batches_per_file=NB)
+
+
+def test_a_state_names_what_it_was_saved_under_and_older_states_still_load() -> None:
+    plan = StreamPlan(((3, 4),), 4)  # at a file's very end: nothing left in it, but valid
+    mine = _v2(plan.to_state(1))
+    assert plan_resume(mine, World(0, 1), "d", fingerprint="f00d", batches_per_file=NB) == {
+        "train": plan
+    }
+    old = {k: v for k, v in mine.items() if k != "config_fingerprint"} | {"version": 1}
+    assert plan_resume(old, World(0, 1), "d", fingerprint="f00d", batches_per_file=NB) == {
+        "train": plan
+    }

@@ -306,11 +306,12 @@ def test_a_meta_pkl_that_would_run_code_is_refused(open_server: OpenServer) -> N
 def test_a_client_looking_in_the_wrong_data_root_is_told_so(
     open_server: OpenServer, tmp_path: Path
 ) -> None:
-    """A client whose data_root does not hold the server's files says which root it looked in."""
+    """A client whose data_root does not hold the server's files says which root it looked in
+    (with transport "file"; "auto" would stream them)."""
     empty = tmp_path / "not-the-data-root"
     empty.mkdir()
     with QueueClient(
-        open_server.server.address, "elsewhere", data_root=empty, timeout_s=30
+        open_server.server.address, "elsewhere", data_root=empty, timeout_s=30, transport="file"
     ) as client:
         with pytest.raises(errors.InvalidRequest) as err:
             client.get_batch("train")
@@ -326,7 +327,9 @@ def test_a_client_looking_in_the_wrong_data_root_quarantines_nothing(
     before = server.split_stats("elsewhere")["quarantined_files"]
     empty = tmp_path / "not-the-data-root"
     empty.mkdir()
-    with QueueClient(server.address, "elsewhere", data_root=empty, timeout_s=30) as client:
+    with QueueClient(
+        server.address, "elsewhere", data_root=empty, timeout_s=30, transport="file"
+    ) as client:
         with pytest.raises(errors.BatchQueueError):
             client.get_batch("train")
     audit(server, "elsewhere")

@@ -195,7 +195,8 @@ def test_acquire_is_idempotent_per_client(start_server, corpus: Path) -> None:
             timeout=10,
         )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    assert not (server.data_root / a.path).exists()
+    # A consumed file is deleted in a thread, after the release has answered.
+    wait_until(lambda: not (server.data_root / a.path).exists(), what="the consumed file deleted")
 
 
 def test_logs_are_quiet_by_default_and_one_line_per_file_with_v(start_server, corpus: Path) -> None:

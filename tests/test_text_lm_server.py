@@ -1,5 +1,6 @@
 """text_lm behind a real server with two workers per split: the client gets exactly the
-batches the provider makes for those seqs, and the verifier's server mode passes them."""
+batches the provider makes for those seqs, and the verifier's server mode passes the files the
+server has queued without consuming any."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import torch
 
-from queue_client.batchfile import load_batch_file
+from conftest import wait_until
+from queue_client.batchfile import load_batch_file, scan_queue
 from queue_client.client import QueueClient
+from queue_client.layout import DatasetLayout
 from queue_providers import ProviderContext, create
 from queue_providers.verify_diversity import main as verify
 
@@ -56,9 +59,20 @@ def test_the_server_serves_what_the_provider_makes_and_passes_the_verifier(
     with QueueClient(server.address, "web") as client:
         assert client.meta["packing"] == "sequential" and client.meta["vocab_size"] == 257
         served = [client.get_batch("train") for _ in range(12)]
+    layout = DatasetLayout(server.data_root, "web")
+
+    def queued() -> dict[str, set[str]]:
+        return {s: {str(n) for n in scan_queue(layout.queue_dir(s))} for s in ("train", "val")}
+
+    # Two files (8 batches) of each split on disk, as the backlog fills without a reader.
+    wait_until(lambda: all(len(q) >= 2 for q in queued().values()), what="2 files per split")
+    before = queued()
     assert verify(["--address", server.address, "--dataset", "web", "--batches", "8"]) == 0
     out = capsys.readouterr().out
     assert "train/val document overlap: 0 of" in out and "verdict: OK" in out
+    assert "split train: 8 batches" in out and "split val: 8 batches" in out
+    after = queued()
+    assert all(before[s] <= after[s] for s in before), "the verifier consumed queued files"
     server.stop()
 
     # The same files, made in this process by the two workers the server ran: seq s is worker

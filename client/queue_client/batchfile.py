@@ -1,17 +1,14 @@
-"""The on-disk contract, for writer and reader alike (FORMAT.md beside this file describes it).
+"""Batch files: their names, their bytes, and how they are published and read.
 
-<data_root>/<dataset>/
-    meta.pkl                      plain-data pickle (see meta.py)
-    queue/<split>/{timestamp_ms}-{seq}-{nb}.pt
-    queue/<split>/.tmp-*          being written; never read, removed at server start
-    candidates/<split>/           curriculum candidates (same format, with token histograms)
-    quarantine/<split>/           files that failed to load, with a .reason.txt each
-    journal/<split>.jsonl         the server's append-only log of produced and consumed seqs
+Where they live (queue/<split>/, candidates/<split>/, quarantine/<split>/) and how temp files
+are named is layout.py's; this module names the files inside those directories:
+`{timestamp_ms:013d}-{seq:010d}-{num_batches}.pt`. FORMAT.md beside it describes both.
 
-Publishing is the Maildir pattern: write a temp file, fsync, os.replace into place, fsync the
-directory; a published file is never written again. Loading memory-maps the file copy-on-write
-(`torch.load(mmap=True, weights_only=True)`), so batches are views into the page cache and
-nothing in the file can run code.
+Writing is two steps, so that the bytes can be made anywhere and written by whoever owns the
+directory: `encode_batch_file` (deterministic bytes and their crc32), then `publish_batch_file`
+(layout.atomic_write under the published name; a published file is never written again).
+Loading memory-maps the file copy-on-write (`torch.load(mmap=True, weights_only=True)`), so
+batches are views into the page cache and nothing in the file can run code.
 """
 
 from __future__ import annotations
@@ -27,66 +24,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from queue_client.errors import CorruptBatchFile, InvalidRequest
+from queue_client.errors import CorruptBatchFile
+
+# META_FILE, TMP_PREFIX and the name checks are re-exported, and the *_dir functions below
+# kept, for modules that still import them from here; new code takes every name and path
+# from queue_client.layout.
+from queue_client.layout import (  # noqa: F401
+    META_FILE,
+    TMP_PREFIX,
+    DatasetLayout,
+    atomic_write,
+    check_dataset_name,
+    check_split_name,
+)
 
 FORMAT_NAME = "batchqueue.batchfile"
 FORMAT_VERSION = 1
 
-META_FILE = "meta.pkl"
-QUEUE_DIR = "queue"
-CANDIDATES_DIR = "candidates"
-QUARANTINE_DIR = "quarantine"
-JOURNAL_DIR = "journal"
 EXT = ".pt"
-TMP_PREFIX = ".tmp-"
 
 if TYPE_CHECKING:
     import torch
 
 _NAME_RE = re.compile(r"([0-9]{13})-([0-9]{10})-([0-9]+)\.pt")
-_DATASET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_SPLIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-
-
-def _clip(value: object, limit: int = 80) -> str:
-    """repr() of a rejected name, cut short: an error must not echo a megabyte back."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def check_dataset_name(name: str) -> str:
-    """Reject names that could leave the data root (`..`, `/`, NUL, absolute paths)."""
-    if not isinstance(name, str) or not _DATASET_RE.fullmatch(name) or ".." in name:
-        raise InvalidRequest(
-            f"dataset name {_clip(name)} is not allowed: use letters, digits, '.', '_' and '-' "
-            "(no '..', no '/'), at most 128 characters"
-        )
-    return name
-
-
-def check_split_name(split: str) -> str:
-    if not isinstance(split, str) or not _SPLIT_RE.fullmatch(split):
-        raise InvalidRequest(
-            f"split name {_clip(split)} is not allowed: use letters, digits, '_' and '-'"
-        )
-    return split
 
 
 def dataset_dir(root: Path, dataset: str) -> Path:
-    return Path(root) / check_dataset_name(dataset)
+    return DatasetLayout(root, dataset).dir
 
 
 def queue_dir(root: Path, dataset: str, split: str) -> Path:
-    return dataset_dir(root, dataset) / QUEUE_DIR / check_split_name(split)
-
-
-def candidates_dir(root: Path, dataset: str, split: str) -> Path:
-    """Where a curriculum split's providers publish candidate files for the composer."""
-    return dataset_dir(root, dataset) / CANDIDATES_DIR / check_split_name(split)
+    return DatasetLayout(root, dataset).queue_dir(split)
 
 
 def quarantine_dir(root: Path, dataset: str, split: str) -> Path:
-    return dataset_dir(root, dataset) / QUARANTINE_DIR / check_split_name(split)
+    return DatasetLayout(root, dataset).quarantine_dir(split)
 
 
 @dataclass(frozen=True, order=True)
@@ -116,26 +88,29 @@ class PublishedFile:
     crc32: int
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+@dataclass(frozen=True)
+class EncodedBatchFile:
+    """A batch file's bytes before publishing: made anywhere (a worker, a Ray actor), written
+    by whoever owns the directory."""
+
+    seq: int
+    num_batches: int
+    data: bytes
+    crc32: int
 
 
-def write_batch_file(
-    directory: Path,
+def encode_batch_file(
     *,
     seq: int,
     tensors: Mapping[str, torch.Tensor],
     metadata: Mapping[str, Any],
     extras: Mapping[str, torch.Tensor] | None = None,
-) -> PublishedFile:
-    """Publish one batch file atomically. Tensors are [num_batches, batch_size, *sample_shape].
+) -> EncodedBatchFile:
+    """The bytes of one batch file. Tensors are [num_batches, batch_size, *sample_shape].
 
     `extras` are tensors of any shape that travel with the file but are not batches (the
     per-batch token histograms of a curriculum candidate); readers of batches ignore them.
+    The bytes depend on the arguments alone, so the same seq encodes identically anywhere.
     """
     import torch
 
@@ -152,22 +127,28 @@ def write_batch_file(
         payload["extras"] = {k: v.contiguous() for k, v in extras.items()}
     buf = io.BytesIO()
     torch.save(payload, buf)
-    data = buf.getbuffer()
-    crc = zlib.crc32(data)
-    name = BatchFileName(int(time.time() * 1000), seq, num_batches)
-    directory = Path(directory)
-    tmp = directory / f"{TMP_PREFIX}{name.timestamp_ms}-{seq:010d}-{os.getpid()}{EXT}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / str(name))
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(directory)
-    return PublishedFile(name, len(data), crc)
+    data = buf.getvalue()
+    return EncodedBatchFile(seq, num_batches, data, zlib.crc32(data))
+
+
+def publish_batch_file(directory: Path, encoded: EncodedBatchFile) -> PublishedFile:
+    """Write an encoded file into `directory` atomically under its published name."""
+    name = BatchFileName(int(time.time() * 1000), encoded.seq, encoded.num_batches)
+    atomic_write(Path(directory) / str(name), encoded.data)
+    return PublishedFile(name, len(encoded.data), encoded.crc32)
+
+
+def write_batch_file(
+    directory: Path,
+    *,
+    seq: int,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, Any],
+    extras: Mapping[str, torch.Tensor] | None = None,
+) -> PublishedFile:
+    """Encode and publish one batch file (see encode_batch_file)."""
+    encoded = encode_batch_file(seq=seq, tensors=tensors, metadata=metadata, extras=extras)
+    return publish_batch_file(directory, encoded)
 
 
 def scan_queue(directory: Path) -> list[BatchFileName]:
@@ -177,16 +158,6 @@ def scan_queue(directory: Path) -> list[BatchFileName]:
     except FileNotFoundError:
         return []
     return sorted(p for p in map(BatchFileName.parse, names) if p is not None)
-
-
-def remove_temp_files(directory: Path) -> int:
-    """Delete leftovers of interrupted writes; returns how many were removed."""
-    removed = 0
-    for entry in os.scandir(directory):
-        if entry.name.startswith(TMP_PREFIX):
-            os.unlink(entry.path)
-            removed += 1
-    return removed
 
 
 def file_crc32(path: Path) -> int:
@@ -219,6 +190,25 @@ def load_batch_file(path: Path) -> BatchFile:
         raise
     except Exception as exc:
         raise CorruptBatchFile(f"{path}: cannot be loaded: {type(exc).__name__}: {exc}") from None
+    return _checked(payload, path)
+
+
+def load_batch_bytes(data: bytes, where: str) -> BatchFile:
+    """Load a batch file held in memory (one fetched over the network) with the same safe
+    loader and checks as load_batch_file. The tensors are copies: `data` may go afterwards."""
+    import torch
+
+    try:
+        payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise CorruptBatchFile(f"{where}: cannot be loaded: {type(exc).__name__}: {exc}") from None
+    return _checked(payload, where)
+
+
+def _checked(payload: object, path: Path | str) -> BatchFile:
+    """The payload of a loaded batch file as a BatchFile, if it is one; `path` names it."""
+    import torch
+
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_NAME:
         raise CorruptBatchFile(f"{path}: not a {FORMAT_NAME} file")
     version = payload.get("version")

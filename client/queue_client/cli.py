@@ -5,7 +5,8 @@
     queue-client schema NAME [--split S] [--json]
 
 The address is --address, else $BATCHQUEUE_ADDRESS, else 127.0.0.1:50051; the auth token is
---token, else $BATCHQUEUE_TOKEN. Rates (files/s produced and consumed) are the difference of
+--token, else $BATCHQUEUE_TOKEN; a TLS server's certificate is trusted with --tls-ca-file,
+else $BATCHQUEUE_TLS_CA_FILE. Rates (files/s produced and consumed) are the difference of
 two GetStats snapshots taken --interval seconds apart. With --json the output is JSON (one
 document; one line per refresh with --watch) for scripts. `rich` is imported only to draw the
 terminal view, so importing queue_client stays light and --json needs no rich at all.
@@ -111,9 +112,13 @@ def _jsonable(value: Any) -> Any:
 class Session:
     """The RPCs the commands make, on one channel."""
 
-    def __init__(self, address: str, token: str | None, timeout_s: float) -> None:
+    def __init__(
+        self, address: str, token: str | None, timeout_s: float, tls_ca_file: str | None = None
+    ) -> None:
         self.address = address
-        self._rpc = Rpc(address, auth_token=token, reconnect_timeout_s=timeout_s)
+        self._rpc = Rpc(
+            address, auth_token=token, reconnect_timeout_s=timeout_s, tls_ca_file=tls_ca_file
+        )
 
     def datasets(self, names: Sequence[str]) -> list[str]:
         if names:
@@ -342,6 +347,11 @@ def _parser() -> argparse.ArgumentParser:
         "--token", default=argparse.SUPPRESS, help="auth token (default $BATCHQUEUE_TOKEN)"
     )
     common.add_argument(
+        "--tls-ca-file",
+        default=argparse.SUPPRESS,
+        help="PEM certificate(s) to trust: talk TLS (default $BATCHQUEUE_TLS_CA_FILE)",
+    )
+    common.add_argument(
         "--timeout",
         type=float,
         default=argparse.SUPPRESS,
@@ -395,7 +405,16 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     address = getattr(args, "address", None) or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
     args.json = getattr(args, "json", False)
-    session = Session(address, getattr(args, "token", None), getattr(args, "timeout", 5.0))
+    try:
+        session = Session(
+            address,
+            getattr(args, "token", None),
+            getattr(args, "timeout", 5.0),
+            getattr(args, "tls_ca_file", None),
+        )
+    except errors.BatchQueueError as exc:
+        print(f"queue-client {args.command}: {exc}", file=sys.stderr)
+        return 2
     try:
         return _COMMANDS[args.command](session, args, lambda text: print(text, flush=True))
     except errors.BatchQueueError as exc:

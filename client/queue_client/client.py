@@ -6,7 +6,8 @@
 The client leases one file at a time per split, memory-maps it and slices batches out of it;
 RPCs happen only at file boundaries, in a background thread, one file ahead. A second thread
 renews held leases, so a paused trainer (a long eval) keeps its files; if the client dies, its
-leases expire and the files go back to its rank's stream.
+leases expire and the files go back to its rank's stream. A client that cannot see the
+server's data root streams each file instead (transport "grpc", fetch.py), in that same thread.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import torch
 
 from queue_client import errors
 from queue_client.batchfile import check_dataset_name, check_split_name
+from queue_client.fetch import FileFetcher, check_transport, choose_transport
 from queue_client.meta import meta_from_json, split_schema
 from queue_client.resume import STATE_VERSION, StreamPlan, plan_resume
 from queue_client.rpc import Rpc
 from queue_client.schema import FieldSpec
-from queue_client.stream import LeaseRef, SplitStream
+from queue_client.stream import LeaseRef, SplitStream, StreamView
 from queue_client.transfer import Transfer
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import World
@@ -63,7 +65,22 @@ class QueueClient:
         copy: bool = False,
         verify_checksums: bool = True,
         auth_token: str | None = None,
+        transport: str = "auto",
+        tls_ca_file: str | Path | None = None,
+        max_fetch_bytes: int = 1 << 30,
     ) -> None:
+        """Connect to the server at `address` and read the dataset's meta.
+
+        transport: how batch files reach this process. "file" reads them under data_root
+        (memory-mapped); "grpc" streams each one (FetchFile) into memory, always checked
+        by crc32; "auto" reads files when data_root is the server's very data root (it holds
+        the root id the server publishes) and streams them otherwise. `self.transport` says
+        which it is. max_fetch_bytes: a streamed file bigger than this is refused; a split
+        holds at most two files in memory (the one read and the prefetched one).
+        tls_ca_file: a PEM file of the certificate(s) to trust: the connection is TLS (also
+        $BATCHQUEUE_TLS_CA_FILE), for a server with server.tls_cert_file.
+        """
+        check_transport(transport)
         self.address = address
         self.dataset = check_dataset_name(dataset)
         self.world = World.detect(rank, world_size)
@@ -72,10 +89,18 @@ class QueueClient:
         self.prefetch = prefetch
         self.verify_checksums = verify_checksums
         self.client_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self._rpc = Rpc(address, auth_token=auth_token, reconnect_timeout_s=reconnect_timeout_s)
+        self._rpc = Rpc(
+            address,
+            auth_token=auth_token,
+            reconnect_timeout_s=reconnect_timeout_s,
+            tls_ca_file=tls_ca_file,
+        )
         self._closed = False
         self._closing = False
         try:
+            self._fetcher = FileFetcher(
+                self._rpc, self.client_id, max_bytes=max_fetch_bytes, timeout_s=timeout_s
+            )
             reply = self._rpc.call(
                 "GetMeta", pb.GetMetaRequest(dataset=self.dataset), timeout_s=timeout_s
             )
@@ -93,6 +118,13 @@ class QueueClient:
             else os.environ.get("BATCHQUEUE_DATA_ROOT") or reply.data_root
         )
         self.data_root = Path(root).expanduser().resolve()
+        self.transport = choose_transport(transport, self.data_root, reply.data_root_id)
+        if transport == "auto" and self.transport == "grpc":
+            log.info(
+                "%s does not hold the data root of %s: batch files are streamed over gRPC",
+                self.data_root,
+                address,
+            )
         self._transfer = Transfer(self.device, copy=copy)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="queue-client")
         self._streams: dict[str, SplitStream] = {}
@@ -118,10 +150,10 @@ class QueueClient:
             stream = self._open_stream(split)
         if out is not None:
             return self._copy_into(stream, out)
-        out = self._transfer(stream.next_views())
+        tensors = self._transfer(stream.next_views())
         if stream.xy:
-            return out[0], out[1]
-        return dict(zip(stream.names, out, strict=True))
+            return tensors[0], tensors[1]
+        return dict(zip(stream.names, tensors, strict=True))
 
     def _copy_into(self, stream: SplitStream, out: Batch) -> Batch:
         targets = list(out) if isinstance(out, tuple) else [out.get(n) for n in stream.names]
@@ -129,6 +161,7 @@ class QueueClient:
             want = "an (X, Y) tuple" if stream.xy else f"a dict with {stream.names}"
             raise errors.SchemaMismatch(f"out= must be {want} for split {stream.split!r}")
         views = stream.next_views()
+        checked: list[torch.Tensor] = []
         for name, target, view in zip(stream.names, targets, views, strict=True):
             if (
                 not isinstance(target, torch.Tensor)
@@ -138,7 +171,8 @@ class QueueClient:
                 raise errors.SchemaMismatch(
                     f"out= field {name!r} must be a {view.dtype} tensor of shape {tuple(view.shape)}"
                 )
-        self._transfer.into(views, targets)
+            checked.append(target)
+        self._transfer.into(views, checked)
         return out
 
     def set_curriculum(self, alpha: float | None, split: str = "train") -> int:
@@ -175,6 +209,17 @@ class QueueClient:
             return int(plan.items[0][0]) if plan.items else int(plan.next_seq)
         return self.world.rank
 
+    def stream_view(self, split: str) -> StreamView:
+        """Where `split`'s stream stands: the file being read, the next batch's place in it,
+        and whether the file after it is prefetched. A snapshot for benchmarks and monitoring
+        (which call opens a file, whether it had to wait); it changes nothing, and costs a
+        few attribute reads, so it may be called between any two get_batch calls."""
+        stream = self._streams.get(split)
+        if stream is None:
+            self._check_split(split)
+            return StreamView(split, None, 0, 0, "none")
+        return stream.view()
+
     def schema(self, split: str) -> tuple[FieldSpec, ...]:
         self._check_split(split)
         return split_schema(self.meta, split)
@@ -194,7 +239,8 @@ class QueueClient:
         Per split: the file of the next batch (`seq`) and the batch in it (`offset`), the files
         to read after it before the plain stride resumes (`pending`, empty unless resumed at
         another world size) and `next_seq`. Prefetched files are not consumed; a resume reads
-        them again.
+        them again. The dataset and its config fingerprint say what the seqs are seqs of: the
+        state resumes on any servers of that data (fresh ones too), and no others.
         """
         if self.mode != "deterministic":
             raise errors.InvalidRequest(
@@ -209,6 +255,7 @@ class QueueClient:
         return {
             "version": STATE_VERSION,
             "dataset": self.dataset,
+            "config_fingerprint": str(self.meta.get("config_fingerprint", "")),
             "rank": self.world.rank,
             "world_size": w,
             "splits": splits,
@@ -218,12 +265,23 @@ class QueueClient:
         """Resume from `state_dict()`: the next batches are exactly those an uninterrupted run
         would have served. Pass this rank's state, or every rank's states (a list) to resume
         at another world size; one state from another world size assumes the ranks stepped in
-        lockstep. Held leases are returned first. See docs/ordering.md for the rule."""
+        lockstep. Held leases are returned first. See docs/ordering.md for the rule.
+
+        A state of another dataset, of another config of it (meta's config_fingerprint), or
+        with an offset past the end of its file is refused with InvalidRequest naming both
+        values; nothing is changed then."""
         if self.mode != "deterministic":
             raise errors.InvalidRequest(
                 f"dataset {self.dataset!r} is served best-effort, which has no exact resume"
             )
-        plans = plan_resume(state, self.world, self.dataset)
+        nb = self.meta.get("batches_per_file")
+        plans = plan_resume(
+            state,
+            self.world,
+            self.dataset,
+            fingerprint=str(self.meta.get("config_fingerprint") or "") or None,
+            batches_per_file=nb if isinstance(nb, int) and nb > 0 else None,
+        )
         unknown = sorted(set(plans) - set(self.splits))
         if unknown:
             raise errors.UnknownSplit(
@@ -319,6 +377,11 @@ class QueueClient:
                         f"(rank {self.world.rank}/{self.world.world_size}): {exc}"
                     ) from None
 
+    def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes:
+        """The leased file's bytes, streamed and verified (transport "grpc")."""
+        where = f"{lease.path} from {self.address}"
+        return self._fetcher.fetch(ref.lease_id, lease.size_bytes, lease.crc32, where)
+
     def hold(self, ref: LeaseRef) -> None:
         with self._held_lock:
             self._held[id(ref)] = ref
@@ -328,7 +391,9 @@ class QueueClient:
             )
             self._renewer.start()
 
-    def release(self, ref: LeaseRef, outcome: int, reason: str = "", waited_s: float = 0.0) -> None:
+    def release(
+        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = "", waited_s: float = 0.0
+    ) -> None:
         with self._held_lock:
             self._held.pop(id(ref), None)
             if ref.released:
@@ -352,7 +417,11 @@ class QueueClient:
             self._rpc.call("ReleaseLease", request)
 
     def release_later(
-        self, ref: LeaseRef, outcome: int, waited_s: float = 0.0, keep: object = None
+        self,
+        ref: LeaseRef,
+        outcome: pb.ReleaseOutcome,
+        waited_s: float = 0.0,
+        keep: object = None,
     ) -> None:
         """Release in the background. `keep` (the finished file) rides along and is dropped
         there, so unmapping it costs the trainer's thread nothing."""

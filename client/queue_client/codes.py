@@ -14,6 +14,7 @@ _CODE_BY_ERROR: list[tuple[type[errors.BatchQueueError], grpc.StatusCode]] = [
     (errors.UnknownSplit, grpc.StatusCode.NOT_FOUND),
     (errors.UnknownLease, grpc.StatusCode.NOT_FOUND),
     (errors.LeaseConflict, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.NotServed, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.ProviderFailed, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.MetaError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.CorruptBatchFile, grpc.StatusCode.DATA_LOSS),

@@ -35,6 +35,12 @@ class LeaseConflict(BatchQueueError):
     the world size differs from that of the ranks holding leases now."""
 
 
+class NotServed(BatchQueueError):
+    """This server does not serve the rank, or not at that world size: it was started for
+    other ranks (server.ranks, one server per node). The message names the ranks it serves;
+    connect the rank to the server of its node."""
+
+
 class ProviderFailed(BatchQueueError):
     """The dataset's provider failed repeatedly; its last error is in the message and in
     GetStats. Fix the provider or its config and restart the server."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from queue_client.errors import CorruptBatchFile, MetaError, UnknownSplit
+from queue_client.layout import META_FILE
 from queue_client.meta import load_meta
 from queue_client.transfer import Transfer
 
@@ -31,7 +32,7 @@ class LegacyClient:
         self.data_dir = Path(data_dir)
         if not self.data_dir.is_dir():
             raise MetaError(f"legacy data dir {self.data_dir} does not exist")
-        meta_path = self.data_dir / "meta.pkl"
+        meta_path = self.data_dir / META_FILE  # nanoGPT names its meta as we do
         self.meta: dict[str, Any] = load_meta(meta_path) if meta_path.exists() else {}
         size = batch_size if batch_size is not None else self.meta.get("batch_size")
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:

@@ -3,20 +3,31 @@
 meta.pkl stays a pickle for nanoGPT compatibility (its train.py and sample.py read it), but it
 is only ever loaded by `load_meta`, whose unpickler refuses every global: only plain data
 (str, bytes, int, float, bool, None, list, tuple, dict, set) comes back.
+
+Plain data can still be a bomb: a pickle stores a shared object once and refers to it by
+memo, so an 819-byte file of lists holding the same list twice, 25 levels deep, expands to
+gigabytes when it is walked (as JSON writes it). `load_meta` therefore refuses a file over
+MAX_META_FILE_BYTES, and `check_meta_size` (called by `load_meta` and `meta_to_json`) sizes
+the value as written out, every use of a shared object counted, and raises a MetaError when
+it passes MAX_META_NODES values, about MAX_META_JSON_BYTES bytes of JSON, or MAX_META_DEPTH
+levels of nesting (a reference cycle is infinitely deep). It measures each distinct object
+once, so it costs time linear in the file, never in what the file expands to. None of these
+functions keeps state: they are safe to call in a thread.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
-import os
 import pickle
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from queue_client.errors import MetaError
+from queue_client.layout import atomic_write
 from queue_client.schema import FieldSpec, parse_schema
 
 
@@ -27,6 +38,13 @@ class TrainingType(str, Enum):
     TOKEN_CLASSIFICATION = "TOKEN_CLASSIFICATION"
     SEQUENCE_SCORING = "SEQUENCE_SCORING"
 
+
+# Generous for a real meta (a 256k-token vocab as itos is ~1M values and ~5 MB), and below
+# the 64 MiB a GetMeta reply may carry.
+MAX_META_FILE_BYTES = 32 * 1024 * 1024
+MAX_META_NODES = 4_000_000
+MAX_META_JSON_BYTES = 48 * 1024 * 1024
+MAX_META_DEPTH = 64
 
 REQUIRED_KEYS = ("dataset_name", "training_type", "batch_size", "batch_schema", "split_info")
 # Keys that must be present for a training type, because the trainer sizes its model by them.
@@ -52,31 +70,99 @@ def loads_plain(data: bytes) -> Any:
 
 
 def load_meta(path: Path) -> dict[str, Any]:
-    """Read meta.pkl safely. Raises MetaError naming the file on any failure."""
+    """Read meta.pkl safely. Raises MetaError naming the file on any failure, also when the
+    file or what it expands to passes the limits above."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_META_FILE_BYTES + 1)
     except FileNotFoundError:
         raise MetaError(f"{path} is missing: the provider writes it before serving") from None
+    except OSError as exc:
+        raise MetaError(f"{path} cannot be read: {exc.strerror}") from None
+    if len(data) > MAX_META_FILE_BYTES:
+        raise MetaError(
+            f"{path} is larger than MAX_META_FILE_BYTES = {MAX_META_FILE_BYTES} bytes: "
+            "meta.pkl holds the dataset's contract, not its data"
+        )
     try:
         meta = loads_plain(data)
     except Exception as exc:
         raise MetaError(f"{path} is not a plain-data pickle: {exc}") from None
     if not isinstance(meta, dict):
         raise MetaError(f"{path} holds a {type(meta).__name__}, expected a dict")
+    check_meta_size(meta, where=str(path))
     return meta
 
 
+def check_meta_size(meta: Any, *, where: str = "meta") -> None:
+    """Refuse a meta whose expanded form passes MAX_META_NODES values, about
+    MAX_META_JSON_BYTES bytes of JSON, or MAX_META_DEPTH levels (a cycle is infinitely deep).
+
+    A shared object counts once per use, as it is written out, but is measured only once, so
+    the check costs time linear in the pickle, not in what it expands to. The MetaError names
+    `where`, the limit, and the size counted when it stopped.
+    """
+    if isinstance(meta, (dict, list, tuple, set, frozenset)):
+        _measure(meta, 1, {}, where)
+
+
+def _measure(
+    value: Any, depth: int, memo: dict[int, tuple[int, int, int] | None], where: str
+) -> tuple[int, int, int]:
+    """(values, approximate JSON bytes, levels) of `value` written out; recursion is bounded
+    by MAX_META_DEPTH."""
+    key = id(value)
+    if key in memo:
+        known = memo[key]
+        if known is None:
+            raise MetaError(
+                f"{where} holds a reference cycle at level {depth}: it would expand forever"
+            )
+        if depth + known[2] - 1 > MAX_META_DEPTH:
+            _too_deep(where, known[0], known[1])
+        return known
+    if depth > MAX_META_DEPTH:
+        _too_deep(where, 0, 0)
+    children = itertools.chain(value, value.values()) if isinstance(value, dict) else value
+    memo[key] = None  # in progress: meeting it again below is a cycle
+    nodes, size, height = 1, 2, 1
+    for child in children:
+        if isinstance(child, (str, bytes, bytearray)):
+            nodes, size = nodes + 1, size + len(child) + 3
+        elif isinstance(child, (dict, list, tuple, set, frozenset)):
+            n, b, h = _measure(child, depth + 1, memo, where)
+            nodes, size, height = nodes + n, size + b, max(height, h + 1)
+        elif isinstance(child, int) and child.bit_length() > 64:
+            nodes, size = nodes + 1, size + child.bit_length() // 3 + 2  # decimal digits
+        else:
+            nodes, size = nodes + 1, size + 8  # a number, a separator
+        if nodes > MAX_META_NODES or size > MAX_META_JSON_BYTES:
+            limit = (
+                f"MAX_META_NODES = {MAX_META_NODES} values"
+                if nodes > MAX_META_NODES
+                else f"MAX_META_JSON_BYTES = {MAX_META_JSON_BYTES} bytes"
+            )
+            raise MetaError(
+                f"{where} expands past {limit}: stopped at {nodes} values and about "
+                f"{size} bytes of JSON, {depth} levels deep (objects shared in the pickle "
+                "count once per use, as they are written out)"
+            )
+    memo[key] = (nodes, size, height)
+    return nodes, size, height
+
+
+def _too_deep(where: str, nodes: int, size: int) -> NoReturn:
+    raise MetaError(
+        f"{where} nests deeper than MAX_META_DEPTH = {MAX_META_DEPTH} levels "
+        f"(stopped at {nodes} values and about {size} bytes of JSON below that level)"
+    )
+
+
 def dump_meta(path: Path, meta: Mapping[str, Any]) -> None:
-    """Write meta.pkl atomically (tmp, fsync, rename), refusing anything but plain data."""
+    """Write meta.pkl atomically (layout.atomic_write), refusing anything but plain data."""
     data = pickle.dumps(dict(meta), protocol=4)
     loads_plain(data)  # the same check readers apply, so a bad meta fails at the writer
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, data)
 
 
 def validate_meta(meta: Mapping[str, Any], *, where: str = "meta") -> tuple[FieldSpec, ...]:
@@ -143,8 +229,10 @@ def _hashable(value: Any) -> Any:
     return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
 
 
-def meta_to_json(meta: Mapping[str, Any]) -> str:
-    """JSON for the wire; dicts with non-string keys (itos) keep their keys' types."""
+def meta_to_json(meta: Mapping[str, Any], *, where: str = "meta") -> str:
+    """JSON for the wire; dicts with non-string keys (itos) keep their keys' types.
+    Raises MetaError naming `where` for a meta past the size limits (check_meta_size)."""
+    check_meta_size(meta, where=where)
     return json.dumps(_encode(dict(meta)), sort_keys=True)
 
 

@@ -13,6 +13,10 @@ had to read below B (each partial file from its offset), sorted by seq. New rank
 carried files whose index in that list is r' modulo W', then seqs B + r', B + r' + W', ...
 Every batch not yet consumed is read exactly once, and after the carried files each new rank
 is back on the plain rule seq = rank (mod W').
+
+A state names its dataset and the fingerprint of the config its files were made under, so it
+resumes on any set of servers, fresh disks included, that serve the same data, and is refused
+with both values named on servers that serve something else.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import Any
 from queue_client.errors import InvalidRequest
 from queue_client.world import World
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2 added config_fingerprint; version 1 states still load
 _KEYS = ("version", "dataset", "rank", "world_size", "splits")
+_KEYS_SINCE = {2: ("config_fingerprint",)}
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,12 @@ class StreamPlan:
         }
 
 
-def _plan_from_state(split: str, pos: Mapping[str, Any]) -> StreamPlan:
+def _plan_from_state(
+    split: str, pos: Mapping[str, Any], batches_per_file: int | None = None
+) -> StreamPlan:
+    """The plan a state's position of one split describes; an offset past the end of a file
+    of batches_per_file batches is refused (it names no batch of that file)."""
+
     def nat(value: Any, what: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidRequest(
@@ -69,7 +79,18 @@ def _plan_from_state(split: str, pos: Mapping[str, Any]) -> StreamPlan:
             )
         return value
 
-    seq, offset = nat(pos.get("seq"), "seq"), nat(pos.get("offset"), "offset")
+    def offset_in(seq: int, value: Any, what: str) -> int:
+        offset = nat(value, what)
+        if batches_per_file is not None and offset > batches_per_file:
+            raise InvalidRequest(
+                f"state of split {split!r}: seq {seq} at {what} {offset}, but a file holds "
+                f"{batches_per_file} batches, so an offset lies in [0, {batches_per_file}]: "
+                "the state belongs to another config, or was edited"
+            )
+        return offset
+
+    seq = nat(pos.get("seq"), "seq")
+    offset = offset_in(seq, pos.get("offset"), "offset")
     next_seq = nat(pos.get("next_seq"), "next_seq")
     pending = pos.get("pending", [])
     if not isinstance(pending, list):
@@ -80,11 +101,12 @@ def _plan_from_state(split: str, pos: Mapping[str, Any]) -> StreamPlan:
             raise InvalidRequest(
                 f"state of split {split!r}: pending item {item!r} is not [seq, offset]"
             )
-        items.append((nat(item[0], "a pending seq"), nat(item[1], "a pending offset")))
+        pending_seq = nat(item[0], "a pending seq")
+        items.append((pending_seq, offset_in(pending_seq, item[1], "a pending offset")))
     return StreamPlan(tuple(items), next_seq)
 
 
-def _check_state(state: Any, dataset: str) -> Mapping[str, Any]:
+def _check_state(state: Any, dataset: str, fingerprint: str | None) -> Mapping[str, Any]:
     if not isinstance(state, Mapping):
         raise InvalidRequest(
             f"state must be a dict from QueueClient.state_dict(), got {type(state).__name__}"
@@ -94,13 +116,28 @@ def _check_state(state: Any, dataset: str) -> Mapping[str, Any]:
         raise InvalidRequest(
             f"state lacks keys {missing}: pass what QueueClient.state_dict() returned"
         )
-    if state["version"] != STATE_VERSION:
+    version = state["version"]
+    if version not in range(1, STATE_VERSION + 1) or isinstance(version, bool):
         raise InvalidRequest(
-            f"state version {state['version']!r} is not supported (expected {STATE_VERSION})"
+            f"state version {version!r} is not supported (expected 1 to {STATE_VERSION})"
+        )
+    missing = [k for v, keys in _KEYS_SINCE.items() if version >= v for k in keys if k not in state]
+    if missing:
+        raise InvalidRequest(
+            f"state of version {version} lacks keys {missing}: pass what QueueClient.state_dict() "
+            "returned"
         )
     if state["dataset"] != dataset:
         raise InvalidRequest(
             f"state is for dataset {state['dataset']!r}, this client reads {dataset!r}"
+        )
+    saved = state.get("config_fingerprint") or None
+    if saved is not None and fingerprint and saved != fingerprint:
+        raise InvalidRequest(
+            f"state of dataset {dataset!r} was saved under config fingerprint {saved!r}, but "
+            f"the server serves it under {fingerprint!r}: its files hold other batches "
+            "(provider, batch_size, batches_per_file, seed, workers or args differ). Resume "
+            "with the config the state was saved under"
         )
     World(state["rank"], state["world_size"])
     if not isinstance(state["splits"], Mapping):
@@ -108,14 +145,16 @@ def _check_state(state: Any, dataset: str) -> Mapping[str, Any]:
     return state
 
 
-def _lockstep_states(state: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _lockstep_states(
+    state: Mapping[str, Any], batches_per_file: int | None
+) -> list[Mapping[str, Any]]:
     """Every rank's state from one rank's, assuming each rank read as many batches."""
     w, q = state["world_size"], state["rank"]
-    out = []
+    out: list[Mapping[str, Any]] = []
     for r in range(w):
         splits = {}
         for split, pos in state["splits"].items():
-            plan = _plan_from_state(split, pos)
+            plan = _plan_from_state(split, pos, batches_per_file)
             if (
                 len(plan.items) != 1
                 or plan.next_seq != plan.items[0][0] + w
@@ -154,16 +193,25 @@ def elastic_plan(old: Sequence[StreamPlan], old_world: int, world: World) -> Str
 
 
 def plan_resume(
-    state: Mapping[str, Any] | Sequence[Mapping[str, Any]], world: World, dataset: str
+    state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    world: World,
+    dataset: str,
+    *,
+    fingerprint: str | None = None,
+    batches_per_file: int | None = None,
 ) -> dict[str, StreamPlan]:
-    """{split: plan} for this rank, from one rank's state or a list of every rank's state."""
+    """{split: plan} for this rank, from one rank's state or a list of every rank's state.
+
+    fingerprint: the served dataset's config fingerprint (meta's "config_fingerprint"); a
+    state saved under another is refused. batches_per_file: offsets past it are refused."""
+    nb = batches_per_file
     if isinstance(state, Mapping):
-        state = _check_state(state, dataset)
+        state = _check_state(state, dataset, fingerprint)
         if state["world_size"] == world.world_size and state["rank"] == world.rank:
-            return {split: _plan_from_state(split, pos) for split, pos in state["splits"].items()}
-        states: list[Mapping[str, Any]] = _lockstep_states(state)
+            return {split: _plan_from_state(split, p, nb) for split, p in state["splits"].items()}
+        states: list[Mapping[str, Any]] = _lockstep_states(state, nb)
     else:
-        states = [_check_state(s, dataset) for s in state]
+        states = [_check_state(s, dataset, fingerprint) for s in state]
         if not states:
             raise InvalidRequest("an empty list of states")
         sizes = {s["world_size"] for s in states}
@@ -177,10 +225,10 @@ def plan_resume(
     old_world = states[0]["world_size"]
     if old_world == world.world_size:
         mine = states[world.rank]
-        return {split: _plan_from_state(split, pos) for split, pos in mine["splits"].items()}
+        return {split: _plan_from_state(split, p, nb) for split, p in mine["splits"].items()}
     splits = set(states[0]["splits"])
     plans = {}
     for split in sorted(splits):
-        old = [_plan_from_state(split, s["splits"][split]) for s in states]
+        old = [_plan_from_state(split, s["splits"][split], nb) for s in states]
         plans[split] = elastic_plan(old, old_world, world)
     return plans

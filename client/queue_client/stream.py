@@ -6,6 +6,9 @@ syscall, no per-sample loop, and no torch call, so the trainer never hands the G
 client's own threads in the middle of a step. At a file boundary the prefetched file (leased, verified and
 paged in by a background thread) takes over, the finished one is released in the background,
 and the prefetch of the one after starts.
+
+With transport "grpc" the background thread streams the file instead of mapping it
+(fetch.py); the tensors then live in memory, and the hot path is the same.
 """
 
 from __future__ import annotations
@@ -16,17 +19,20 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Protocol
 
 import torch
 
 from queue_client import errors
-from queue_client.batchfile import file_crc32, load_batch_file
+from queue_client.batchfile import BatchFile, file_crc32, load_batch_bytes, load_batch_file
+from queue_client.layout import DatasetLayout
 from queue_client.resume import StreamPlan
 from queue_client.schema import FieldSpec, check_tensors, is_xy
 from queue_client.wire import batchqueue_pb2 as pb
 
 CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
-# Attempts at one seq whose file keeps failing to verify before giving up.
+# Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
+# before the file arrived) before giving up.
 _CORRUPT_RETRIES = 3
 
 
@@ -49,29 +55,54 @@ class LoadedFile:
     num_batches: int
     tensors: list[torch.Tensor]  # schema order, each [num_batches, batch_size, *shape]
     batches: list[tuple[torch.Tensor, ...]]  # per field, the file's batches as views
-    batches: list[tuple[torch.Tensor, ...]]  # per field, the file's batches as views
     start: int = 0  # the first batch to serve: later than 0 when resuming mid-file
     waited_s: float = 0.0  # how long get_batch blocked for this file
 
 
-class LeaseSource:
+@dataclass(frozen=True)
+class StreamView:
+    """Where one split's stream stands, as the next get_batch will find it: a snapshot for
+    benchmarks and monitoring (QueueClient.stream_view); reading batches never needs it."""
+
+    split: str
+    seq: int | None  # the file being read; None before its first batch and after a close
+    offset: int  # the next batch's index in that file
+    batches_in_file: int  # 0 while no file is open
+    # The prefetch of the file after it: "none" (not started, or prefetch is off), "loading"
+    # (being leased, verified and paged in), "ready" (done: opening it costs no wait; a failed
+    # prefetch is "ready" too, and the next get_batch raises its error).
+    next_file: Literal["none", "loading", "ready"]
+
+    @property
+    def opens_file(self) -> bool:
+        """The next get_batch opens a file: the first one, or the one after this."""
+        return self.offset >= self.batches_in_file
+
+
+class LeaseSource(Protocol):
     """What a stream needs from its client; implemented by QueueClient."""
 
     dataset: str
     data_root: Path
     batch_size: int
     verify_checksums: bool
+    transport: str  # "file" or "grpc"
     executor: ThreadPoolExecutor
 
     def acquire(
         self, split: str, seq: int | None, deadline: float, carried: bool = False
     ) -> pb.Lease: ...  # pragma: no cover
     def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
+    def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes: ...  # pragma: no cover
     def release(
-        self, ref: LeaseRef, outcome: int, reason: str = ""
+        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = ""
     ) -> None: ...  # pragma: no cover
     def release_later(
-        self, ref: LeaseRef, outcome: int, waited_s: float = 0.0, keep: object = None
+        self,
+        ref: LeaseRef,
+        outcome: pb.ReleaseOutcome,
+        waited_s: float = 0.0,
+        keep: object = None,
     ) -> None: ...  # pragma: no cover
 
 
@@ -120,8 +151,8 @@ class SplitStream:
     def _take(self) -> tuple[int | None, int, bool]:
         """The next file to read: (seq, first batch, carried over from a plan?)."""
         if self._plan:
-            seq, offset = self._plan.popleft()
-            return seq, offset, True
+            planned, offset = self._plan.popleft()
+            return planned, offset, True
         seq = self._next_seq
         if seq is not None:
             self._next_seq = seq + self.stride
@@ -165,6 +196,7 @@ class SplitStream:
 
     def _fetch(self, seq: int | None, start: int, carried: bool) -> LoadedFile:
         deadline = self._clock() + self.timeout_s
+        last: errors.BatchQueueError | None = None
         for _attempt in range(_CORRUPT_RETRIES):
             lease = self.source.acquire(self.split, seq, deadline, carried)
             ref = LeaseRef(lease.lease_id, self.source.dataset, self.split, lease.seq, carried)
@@ -175,17 +207,48 @@ class SplitStream:
                 # Quarantined by the server; in deterministic mode the same seq is produced
                 # again, so the rank's stream loses nothing.
                 self.source.release(ref, CORRUPT, str(exc))
+                last = exc
+                continue
+            except (errors.UnknownLease, errors.ServerUnavailable) as exc:
+                # Streaming only: the server restarted between the lease and the end of the
+                # file. Nothing of it was read: give it back and lease the same file anew.
+                self.source.release(ref, RETURNED)
+                last = exc
                 continue
             except BaseException:
                 self.source.release(ref, RETURNED)
                 raise
             loaded.start = start
             return loaded
-        raise errors.CorruptBatchFile(
-            f"{self.source.dataset}/{self.split} seq {seq}: {_CORRUPT_RETRIES} files in a row failed to verify"
+        assert last is not None  # the loop ran and every attempt failed
+        raise type(last)(
+            f"{self.source.dataset}/{self.split} seq {seq}: {_CORRUPT_RETRIES} attempts in a row "
+            f"failed; the last: {last}"
         )
 
     def _open(self, lease: pb.Lease, ref: LeaseRef) -> LoadedFile:
+        streamed = self.source.transport == "grpc"
+        if streamed:
+            where = f"{lease.path} (streamed)"
+            batch_file = load_batch_bytes(self.source.fetch_file(ref, lease), where)
+        else:
+            where, batch_file = self._map(lease)
+        meta = batch_file.metadata
+        if meta.get("seq") != lease.seq or meta.get("num_batches") != lease.num_batches:
+            raise errors.CorruptBatchFile(
+                f"{where} says seq {meta.get('seq')} with {meta.get('num_batches')} batches; the lease says "
+                f"seq {lease.seq} with {lease.num_batches}"
+            )
+        check_tensors(self.schema, batch_file.tensors, (lease.num_batches, lease.batch_size))
+        tensors = [batch_file.tensors[name] for name in self.names]
+        if not streamed:  # streamed tensors were just written: their pages are in memory
+            _prefault(tensors)
+        return LoadedFile(
+            ref, lease.seq, lease.num_batches, tensors, [t.unbind(0) for t in tensors]
+        )
+
+    def _map(self, lease: pb.Lease) -> tuple[str, BatchFile]:
+        """Verify the leased file under data_root and map it: (its path, the file)."""
         root = self.source.data_root
         path = (root / lease.path).resolve()
         if not path.is_relative_to(root):
@@ -195,12 +258,13 @@ class SplitStream:
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            if not (root / self.source.dataset / "meta.pkl").exists():
+            if not DatasetLayout(root, self.source.dataset).meta_file.exists():
                 # Not a bad file: this client looks in the wrong place. Nothing to quarantine.
                 raise errors.InvalidRequest(
                     f"{path} is not visible here: data_root {root} does not hold the server's "
                     f"dataset {self.source.dataset!r}; pass QueueClient(data_root=...) or set "
-                    "BATCHQUEUE_DATA_ROOT to where the server's data root is mounted"
+                    "BATCHQUEUE_DATA_ROOT to where the server's data root is mounted, or "
+                    'stream the files with transport="grpc" (or "auto")'
                 ) from None
             raise errors.CorruptBatchFile(f"{path} is missing from the data root") from None
         if size != lease.size_bytes:
@@ -215,19 +279,7 @@ class SplitStream:
                 )
         else:
             _page_in(path)
-        batch_file = load_batch_file(path)
-        meta = batch_file.metadata
-        if meta.get("seq") != lease.seq or meta.get("num_batches") != lease.num_batches:
-            raise errors.CorruptBatchFile(
-                f"{path} says seq {meta.get('seq')} with {meta.get('num_batches')} batches; the lease says "
-                f"seq {lease.seq} with {lease.num_batches}"
-            )
-        check_tensors(self.schema, batch_file.tensors, (lease.num_batches, lease.batch_size))
-        tensors = [batch_file.tensors[name] for name in self.names]
-        _prefault(tensors)
-        return LoadedFile(
-            ref, lease.seq, lease.num_batches, tensors, [t.unbind(0) for t in tensors]
-        )
+        return str(path), load_batch_file(path)
 
     # ---- state and shutdown ---------------------------------------------------------------
     def plan(self) -> StreamPlan:
@@ -242,6 +294,15 @@ class SplitStream:
         items.extend(self._plan)
         assert self._next_seq is not None, "best-effort streams have no plan"
         return StreamPlan(tuple(items), self._next_seq).normalized(self.stride)
+
+    def view(self) -> StreamView:
+        """A snapshot of where the stream stands; see StreamView. Cheap, and changes nothing."""
+        pending, cur = self._pending, self.current
+        next_file: Literal["none", "loading", "ready"] = (
+            "none" if pending is None else "ready" if pending.done() else "loading"
+        )
+        seq = None if cur is None else cur.seq
+        return StreamView(self.split, seq, self.offset, self._num_batches, next_file)
 
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread."""

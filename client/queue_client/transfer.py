@@ -31,6 +31,13 @@ class Transfer:
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._slot = 0
 
+    @property
+    def staging(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """The pinned buffers of each staging slot (CUDA only; a slot is empty before its
+        first batch). A view for tests and diagnostics: writing into them would race the
+        GPU's reads."""
+        return tuple(tuple(slot) for slot in self._staging)
+
     def __call__(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if self._is_cuda:
             return self._to_cuda(views)

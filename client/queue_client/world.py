@@ -40,6 +40,11 @@ class World:
             world_size = _env_int("WORLD_SIZE", 1)
         return cls(rank, world_size)
 
+    @classmethod
+    def owner_of(cls, seq: int, world_size: int) -> World:
+        """The rank of world_size that reads `seq`."""
+        return cls(seq % world_size, world_size)
+
     def owns(self, seq: int) -> bool:
         return seq % self.world_size == self.rank
 

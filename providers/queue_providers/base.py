@@ -14,10 +14,8 @@ each file so any seq can be produced again.
 from __future__ import annotations
 
 import abc
-import hashlib
 import json
 import os
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +23,19 @@ from typing import Any
 
 import torch
 
-from queue_client.batchfile import PublishedFile, write_batch_file
+from queue_client.batchfile import (
+    EncodedBatchFile,
+    PublishedFile,
+    encode_batch_file,
+    publish_batch_file,
+)
 from queue_client.errors import MetaError
+from queue_client.layout import DatasetLayout
 from queue_client.meta import split_schema, validate_meta
 from queue_client.schema import FieldSpec, check_tensors
+from queue_providers.inputs import describe_inputs, inputs_fingerprint, path_args
+from queue_providers.seeding import derive_seed, torch_generator
+from queue_providers.token_ids import IdRange, check_ids, id_ranges
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,11 @@ class ProviderContext:
     # for the workers of a curriculum split, whose composer scores batches by them.
     histogram_field: str = ""
 
-
-def derive_seed(seed: int, *parts: object) -> int:
-    """A 63-bit seed from (seed, parts...), stable across processes and Python versions."""
-    digest = hashlib.blake2b(repr((seed, *parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    @property
+    def layout(self) -> DatasetLayout:
+        """The paths under dataset_dir (artifacts, tokenizer, ...), as queue_client names them."""
+        directory = Path(self.dataset_dir)
+        return DatasetLayout(directory.parent, directory.name)
 
 
 class DataProviderBase(abc.ABC):
@@ -64,6 +71,7 @@ class DataProviderBase(abc.ABC):
     def __init__(self, context: ProviderContext) -> None:
         self.context = context
         self._schemas: dict[str, tuple[FieldSpec, ...]] = {}
+        self._id_ranges: dict[str, tuple[IdRange, ...]] = {}
 
     # ---- what a dataset overrides -------------------------------------------------------
     @abc.abstractmethod
@@ -92,8 +100,20 @@ class DataProviderBase(abc.ABC):
     def batch_size(self) -> int:
         return self.context.batch_size
 
-    def complete_meta(self) -> dict[str, Any]:
-        """build_meta() plus the keys the base owns, validated strictly."""
+    def input_files(self) -> list[Path]:
+        """Every file the dataset is made from (corpus, tokenizer, label files): a dataset dir
+        is refused once any of them changes. The default is every existing file a config arg
+        names, and every file under a directory one names; a provider that knows its inputs
+        exactly overrides this, so an unrelated file beside them never blocks a start."""
+        return path_args(self.args_for_identity(), exclude=Path(self.context.dataset_dir).parent)
+
+    def complete_meta(
+        self, inputs: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """build_meta() plus the keys the base owns, validated strictly.
+
+        meta["inputs_fingerprint"] is the fingerprint of `inputs` (records of input_files(),
+        as queue_providers.inputs.describe_inputs makes them; described now when None)."""
         meta = dict(self.build_meta())
         for key, value in (
             ("dataset_name", self.context.dataset_name),
@@ -105,6 +125,8 @@ class DataProviderBase(abc.ABC):
                 )
             meta[key] = value
         meta["batches_per_file"] = self.context.batches_per_file
+        records = describe_inputs(self.input_files()) if inputs is None else inputs
+        meta["inputs_fingerprint"] = inputs_fingerprint(records)
         meta.update(self.context.extra_meta)
         validate_meta(meta, where=f"{type(self).__name__}.build_meta()")
         return meta
@@ -112,13 +134,21 @@ class DataProviderBase(abc.ABC):
     def set_meta(self, meta: Mapping[str, Any]) -> None:
         """Learn the split schemas from the meta the server settled on."""
         self._schemas = {split: split_schema(meta, split) for split in meta["split_info"]}
+        self._id_ranges = {split: id_ranges(meta, s) for split, s in self._schemas.items()}
 
     def file_rng(self, split: str, seq: int) -> torch.Generator:
-        """The RNG for one file: seeded from (seed, split, seq) alone."""
-        return torch.Generator().manual_seed(derive_seed(self.context.seed, split, seq))
+        """The RNG for one file: seeded from (seed, split, seq) alone, with all 63 bits of the
+        derived seed (manual_seed would keep 32, and files would repeat; see seeding.py)."""
+        return torch_generator(derive_seed(self.context.seed, split, seq))
 
-    def produce_file(self, split: str, seq: int, directory: Path) -> PublishedFile:
-        """Sample batches_per_file batches, check them against the schema, publish the file."""
+    def make_file(self, split: str, seq: int) -> EncodedBatchFile:
+        """Sample batches_per_file batches, check them against the schema, encode the file.
+
+        The bytes depend on (config, seed, split, seq, stream state) alone, never on when or
+        where they were made, so a Ray actor and a local worker make identical files. A
+        subclass that must act around making a file (position its stream, undo a failure)
+        overrides this, not produce_file, which the Ray backend never calls.
+        """
         schema = self._schemas.get(split)
         if schema is None:
             raise MetaError(f"split {split!r} is not in meta split_info {sorted(self._schemas)}")
@@ -127,20 +157,22 @@ class DataProviderBase(abc.ABC):
         for b in batches:
             check_tensors(schema, b, (self.batch_size,))
         tensors = {f.name: torch.stack([b[f.name] for b in batches]) for f in schema}
+        check_ids(tensors, self._id_ranges.get(split, ()), where=f"split {split!r} seq {seq}")
         metadata = {
             "dataset": self.context.dataset_name,
             "split": split,
             "batch_size": self.batch_size,
-            "produced_at_ms": int(time.time() * 1000),
             "schema": [f.to_dict() for f in schema],
         }
         extras = None
         if self.context.histogram_field:
             extras = token_histograms(tensors, self.context.histogram_field)
             metadata["histogram_field"] = self.context.histogram_field
-        return write_batch_file(
-            Path(directory), seq=seq, tensors=tensors, metadata=metadata, extras=extras
-        )
+        return encode_batch_file(seq=seq, tensors=tensors, metadata=metadata, extras=extras)
+
+    def produce_file(self, split: str, seq: int, directory: Path) -> PublishedFile:
+        """make_file, then publish it atomically into `directory` (its name carries the time)."""
+        return publish_batch_file(Path(directory), self.make_file(split, seq))
 
     def corpus_token_counts(
         self,
@@ -160,9 +192,7 @@ class DataProviderBase(abc.ABC):
         counts = torch.zeros(vocab_size, dtype=torch.int64)
         seen, draw = 0, 0
         while seen < n_tokens:
-            rng = torch.Generator().manual_seed(
-                derive_seed(self.context.seed, "corpus", split, draw)
-            )
+            rng = torch_generator(derive_seed(self.context.seed, "corpus", split, draw))
             tokens = self.sample_batch(split, rng)[field_name].reshape(-1).to(torch.int64)
             tokens = tokens[tokens >= 0]
             counts += torch.bincount(tokens, minlength=vocab_size)[:vocab_size]

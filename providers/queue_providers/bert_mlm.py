@@ -18,36 +18,21 @@ hold the original id where a token was selected and -100 everywhere else. Specia
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from queue_client.errors import ConfigError
-from queue_providers.base import DataProviderBase, ProviderContext
-from queue_providers.tokenize_util import (
-    BERT_SPECIALS,
-    CLS,
-    IGNORE_INDEX,
-    MASK,
-    PAD,
-    SEP,
-    as_paths,
-    cache_key,
-    check_block_size,
-    encode_texts,
-    file_identity,
-    load_artifacts,
-    load_tokenizer,
-    pair_rows,
-    read_lines,
-    single_rows,
-)
+from queue_providers.base import ProviderContext
+from queue_providers.tokenized.provider import SPLITS, Arrays, TokenizedProvider
+from queue_providers.tokenized.ragged import encode_texts
+from queue_providers.tokenized.rows import IGNORE_INDEX, pair_rows, single_rows
+from queue_providers.tokenized.wordpiece import BERT_SPECIALS, MASK
 
 WHO = "bert_mlm"
-SPLITS = ("train", "val")
 
 
 def _probability(name: str, value: Any, *, open_low: bool = False) -> float:
@@ -60,8 +45,19 @@ def _probability(name: str, value: Any, *, open_low: bool = False) -> float:
     return float(value)
 
 
-class BertMLMProvider(DataProviderBase):
+def read_lines(paths: Sequence[Path]) -> list[str]:
+    """The non-blank lines of text files, stripped, in order."""
+    lines: list[str] = []
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines.extend(s for line in f if (s := line.strip()))
+    return lines
+
+
+class BertMLMProvider(TokenizedProvider[str]):
     """Masked-LM batches: input_ids, attention_mask, labels (+ token_type_ids with pairs)."""
+
+    who = WHO
 
     def __init__(
         self,
@@ -78,16 +74,7 @@ class BertMLMProvider(DataProviderBase):
         mask_replace: float = 0.8,
         random_replace: float = 0.1,
     ) -> None:
-        super().__init__(context)
         self.pairs = bool(pairs)
-        self.block_size = check_block_size(block_size, minimum=5 if self.pairs else 3, who=WHO)
-        self.inputs = as_paths(input, key="input", who=WHO)
-        self.val_inputs = (
-            None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
-        )
-        if self.val_inputs is None and not 0.0 < train_fraction < 1.0:
-            raise ConfigError(f"{WHO}: train_fraction must lie in (0, 1), got {train_fraction!r}")
-        self.train_fraction = float(train_fraction)
         self.mlm_probability = _probability("mlm_probability", mlm_probability, open_low=True)
         self.mask_replace = _probability("mask_replace", mask_replace)
         self.random_replace = _probability("random_replace", random_replace)
@@ -95,45 +82,41 @@ class BertMLMProvider(DataProviderBase):
             raise ConfigError(
                 f"{WHO}: mask_replace + random_replace = {self.mask_replace + self.random_replace} exceeds 1"
             )
-        self.tok = load_tokenizer(tokenizer, lowercase=lowercase, require=BERT_SPECIALS, who=WHO)
-        self._special = torch.tensor(self.tok.special_ids, dtype=torch.int64)
-        self._normal_ids = torch.tensor(
-            np.setdiff1d(np.arange(self.tok.vocab_size), self.tok.special_ids), dtype=torch.int64
+        super().__init__(
+            context,
+            input=input,
+            tokenizer=tokenizer,
+            block_size=block_size,
+            val_input=val_input,
+            train_fraction=train_fraction,
+            lowercase=lowercase,
+            min_block_size=5 if self.pairs else 3,
+            require=BERT_SPECIALS,
         )
+        # Masking looks ids up in tables over the vocab rather than searching a list per token.
+        self._is_special = np.zeros(self.tok.vocab_size, dtype=bool)
+        self._is_special[list(self.tok.special_ids)] = True
+        self._normal_ids = np.flatnonzero(~self._is_special)
         if len(self._normal_ids) == 0:
             raise ConfigError(f"{WHO}: tokenizer {self.tok.path} has only special tokens")
-        self._arrays: dict[str, np.ndarray] = {}
-        self._info: dict[str, Any] = {}
-        self._key = ""
 
     # ---- corpus --------------------------------------------------------------------------------
-    def _cache_key(self) -> str:
-        files = [file_identity(p) for p in self.inputs]
-        val = None if self.val_inputs is None else [file_identity(p) for p in self.val_inputs]
-        return cache_key(WHO, self.tok.digest, files, val, self.train_fraction)
+    def read(self, paths: Sequence[Path]) -> list[str]:
+        return read_lines(paths)
 
-    def _build(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        lines = read_lines(self.inputs)
-        if self.val_inputs is None:
-            n_train = int(len(lines) * self.train_fraction)
-            by_split = {"train": lines[:n_train], "val": lines[n_train:]}
-        else:
-            by_split = {"train": lines, "val": read_lines(self.val_inputs)}
-        arrays: dict[str, np.ndarray] = {}
-        info: dict[str, Any] = {}
-        for split, split_lines in by_split.items():
-            ragged = encode_texts(self.tok, split_lines)
-            ragged = ragged.without_empty()  # lines the normalizer emptied
-            arrays[f"{split}_ids"], arrays[f"{split}_offsets"] = ragged.flat, ragged.offsets
-            info[split] = {"lines": len(ragged), "tokens": len(ragged.flat)}
-        return arrays, info
+    def split_items(self, items: list[str]) -> dict[str, list[str]]:
+        # Lines of running text: the first train_fraction of them, in order, is train.
+        n_train = int(len(items) * self.train_fraction)
+        return {"train": items[:n_train], "val": items[n_train:]}
 
-    def _load(self, pinned: str | None = None) -> None:
-        if self._arrays:
-            return
-        key, arrays, info = load_artifacts(
-            self.context.dataset_dir, self._cache_key(), pinned, self._build
-        )
+    def tokenize(
+        self, split: str, items: Sequence[str], shared: Mapping[str, Any]
+    ) -> tuple[Arrays, dict[str, Any]]:
+        ragged = encode_texts(self.tok, items).without_empty()  # lines the normalizer emptied
+        arrays = {"ids": ragged.flat, "offsets": ragged.offsets}
+        return arrays, {"lines": len(ragged), "tokens": len(ragged.flat)}
+
+    def check_info(self, info: Mapping[str, Any]) -> None:
         for split in SPLITS:
             lines, tokens = info[split]["lines"], info[split]["tokens"]
             if self.pairs and lines < 2:
@@ -145,11 +128,9 @@ class BertMLMProvider(DataProviderBase):
                     f"{WHO}: the {split} split has {tokens} tokens, fewer than block_size-2="
                     f"{self.block_size - 2}: use more text or a smaller block_size"
                 )
-        self._key, self._arrays, self._info = key, arrays, info
 
     # ---- meta --------------------------------------------------------------------------------------
-    def build_meta(self) -> dict[str, Any]:
-        self._load()
+    def meta_fields(self) -> dict[str, Any]:
         t = self.block_size
         fields = [
             "input_ids",
@@ -165,13 +146,6 @@ class BertMLMProvider(DataProviderBase):
         }
         return {
             "training_type": "MLM",
-            "vocab_size": self.tok.vocab_size,
-            "block_size": t,
-            "tokenizer": os.fspath(self.tok.path),
-            "artifacts": self._key,
-            "pad_token_id": self.tok.id(PAD),
-            "cls_token_id": self.tok.id(CLS),
-            "sep_token_id": self.tok.id(SEP),
             "mask_token_id": self.tok.id(MASK),
             "special_ids": list(self.tok.special_ids),
             "ignore_index": IGNORE_INDEX,
@@ -182,32 +156,22 @@ class BertMLMProvider(DataProviderBase):
             "batch_schema": [
                 {"name": n, "dtype": "int64", "shape": [t], "role": roles[n]} for n in fields
             ],
-            "split_info": {split: dict(self._info[split]) for split in SPLITS},
         }
-
-    def set_meta(self, meta: Mapping[str, Any]) -> None:
-        super().set_meta(meta)
-        self._load(meta.get("artifacts"))
 
     # ---- sampling ----------------------------------------------------------------------------
     def clean_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         """Rows before masking: input_ids, attention_mask (and token_type_ids with pairs)."""
-        self._load()
-        ids, offsets = self._arrays[f"{split}_ids"], self._arrays[f"{split}_offsets"]
+        ids, offsets = self.array(split, "ids"), self.array(split, "offsets")
         b, t = self.batch_size, self.block_size
         if self.pairs:
             i = torch.randint(len(offsets) - 2, (b,), generator=rng).numpy()
-            a0, a1, b1 = (
-                torch.from_numpy(np.asarray(offsets[i + k], dtype=np.int64)) for k in range(3)
-            )
+            a0, a1, b1 = (np.asarray(offsets[i + k], dtype=np.int64) for k in range(3))
             layout = pair_rows(a0, a1 - a0, a1, b1 - a1, t)
         else:
-            starts = torch.randint(len(ids) - (t - 2) + 1, (b,), generator=rng)
-            layout = single_rows(starts, torch.full((b,), t - 2), t)
+            starts = torch.randint(len(ids) - (t - 2) + 1, (b,), generator=rng).numpy()
+            layout = single_rows(starts, np.full(b, t - 2), t)
         out = {
-            "input_ids": layout.input_ids(
-                ids, cls=self.tok.id(CLS), sep=self.tok.id(SEP), pad=self.tok.id(PAD)
-            ),
+            "input_ids": self.input_ids(split, layout),
             "attention_mask": layout.attention_mask(),
         }
         if self.pairs:
@@ -217,19 +181,22 @@ class BertMLMProvider(DataProviderBase):
     def mask_tokens(
         self, input_ids: torch.Tensor, rng: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """BERT's corruption of `input_ids`: (corrupted ids, labels)."""
+        """BERT's corruption of `input_ids`: (corrupted ids, labels). The three draws are
+        whole-batch tensors in a fixed order (select, replace kind, random id), so a batch is
+        a function of the generator's state alone."""
+        ids = input_ids.numpy()
         shape = input_ids.shape
-        candidate = ~torch.isin(input_ids, self._special)
-        selected = (torch.rand(shape, generator=rng) < self.mlm_probability) & candidate
-        u = torch.rand(shape, generator=rng)
+        selected = torch.rand(shape, generator=rng).numpy() < self.mlm_probability
+        selected &= ~self._is_special[ids]
+        u = torch.rand(shape, generator=rng).numpy()
         to_mask = selected & (u < self.mask_replace)
-        to_random = (
-            selected & (u >= self.mask_replace) & (u < self.mask_replace + self.random_replace)
-        )
-        random_ids = self._normal_ids[torch.randint(len(self._normal_ids), shape, generator=rng)]
-        corrupted = torch.where(to_mask, self.tok.id(MASK), input_ids)
-        corrupted = torch.where(to_random, random_ids, corrupted)
-        return corrupted, torch.where(selected, input_ids, IGNORE_INDEX)
+        to_random = selected & ~to_mask & (u < self.mask_replace + self.random_replace)
+        random_ids = self._normal_ids[
+            torch.randint(len(self._normal_ids), shape, generator=rng).numpy()
+        ]
+        corrupted = np.where(to_mask, self.tok.id(MASK), np.where(to_random, random_ids, ids))
+        labels = np.where(selected, ids, IGNORE_INDEX)
+        return torch.from_numpy(corrupted), torch.from_numpy(labels)
 
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         batch = self.clean_batch(split, rng)

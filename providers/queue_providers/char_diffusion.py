@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from queue_client.batchfile import PublishedFile
+from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
-from queue_providers.char_lm import stdlib_text
-from queue_providers.tokenize_util import IGNORE_INDEX
+from queue_providers.char_lm import stdlib_corpus
+from queue_providers.tokenized.rows import IGNORE_INDEX
 
 MASK_TOKEN = "[MASK]"
 DEFAULT_STAGES = ({"mask_rate": [0.05, 1.0]},)
@@ -126,12 +126,13 @@ class CharDiffusionProvider(DataProviderBase):
         # Stage boundaries in batches: stage k covers [ends[k-1], ends[k]).
         self._ends = list(itertools.accumulate(s.batches or 0 for s in self.stages[:-1]))
         if input is None:
-            text, self.source = stdlib_text(), "python-stdlib"
+            (text, self._inputs), self.source = stdlib_corpus(), "python-stdlib"
         else:
             path = Path(input).expanduser()
             if not path.is_file():
                 raise ConfigError(f"char_diffusion: input {str(path)!r} is not a file")
             text, self.source = path.read_text(encoding="utf-8", errors="replace"), str(path)
+            self._inputs = [path]
         ids, self.chars = encode_chars(text)
         self.mask_id = len(self.chars)
         n_train = int(len(ids) * train_fraction)
@@ -147,6 +148,10 @@ class CharDiffusionProvider(DataProviderBase):
                 )
         self._offsets = torch.arange(block_size)
         self._next_batch: dict[str, int] = {}
+
+    def input_files(self) -> list[Path]:
+        """The text file, or the standard library files the default text was read from."""
+        return list(self._inputs)
 
     def build_meta(self) -> dict[str, Any]:
         t = self.block_size
@@ -200,7 +205,7 @@ class CharDiffusionProvider(DataProviderBase):
         self._next_batch[split] = index + 1
         return self.corrupt(self.clean_windows(split, rng), self.stage_at(split, index), rng)
 
-    def produce_file(self, split: str, seq: int, directory: Path) -> PublishedFile:
+    def make_file(self, split: str, seq: int) -> EncodedBatchFile:
         # The file's batches are positions seq*bpf .. seq*bpf+bpf-1 of the split's stream.
         self._next_batch[split] = seq * self.context.batches_per_file
-        return super().produce_file(split, seq, directory)
+        return super().make_file(split, seq)

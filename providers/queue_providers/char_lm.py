@@ -25,8 +25,15 @@ STDLIB_TEXT_CHARS = 2_000_000
 
 def stdlib_text(max_chars: int = STDLIB_TEXT_CHARS) -> str:
     """Deterministic text from the running Python's standard library sources."""
+    return stdlib_corpus(max_chars)[0]
+
+
+def stdlib_corpus(max_chars: int = STDLIB_TEXT_CHARS) -> tuple[str, list[Path]]:
+    """stdlib_text and the files it was read from: another Python's standard library is
+    another corpus (another vocab), so those files are the dataset's inputs."""
     root = Path(sysconfig.get_paths()["stdlib"])
     parts: list[str] = []
+    files: list[Path] = []
     total = 0
     for path in sorted(root.glob("*.py")):
         try:
@@ -34,13 +41,14 @@ def stdlib_text(max_chars: int = STDLIB_TEXT_CHARS) -> str:
         except (UnicodeDecodeError, OSError):
             continue
         parts.append(text)
+        files.append(path)
         total += len(text)
         if total >= max_chars:
             break
     text = "".join(parts)[:max_chars]
     if not text:
         raise ConfigError(f"no readable .py files under the standard library at {root}")
-    return text
+    return text, files
 
 
 class CharLMProvider(DataProviderBase):
@@ -61,12 +69,13 @@ class CharLMProvider(DataProviderBase):
             raise ConfigError(f"train_fraction must lie in (0, 1), got {train_fraction!r}")
         self.block_size = block_size
         if input is None:
-            text, self.source = stdlib_text(), "python-stdlib"
+            (text, self._inputs), self.source = stdlib_corpus(), "python-stdlib"
         else:
             path = Path(input).expanduser()
             if not path.is_file():
                 raise ConfigError(f"char_lm input {str(path)!r} is not a file")
             text, self.source = path.read_text(encoding="utf-8", errors="replace"), str(path)
+            self._inputs = [path]
         chars = sorted(set(text))
         self.stoi = {ch: i for i, ch in enumerate(chars)}
         self.itos = dict(enumerate(chars))
@@ -84,6 +93,10 @@ class CharLMProvider(DataProviderBase):
                     f"{block_size + 1}: use more text or a smaller block_size"
                 )
         self._offsets = torch.arange(block_size + 1)
+
+    def input_files(self) -> list[Path]:
+        """The text file, or the standard library files the default text was read from."""
+        return list(self._inputs)
 
     def build_meta(self) -> dict[str, Any]:
         t = self.block_size

@@ -110,6 +110,11 @@ class NanoGPTBinProvider(DataProviderBase):
             )
         return n
 
+    def input_files(self) -> list[Path]:
+        """Each split's .bin and nanoGPT's meta.pkl (its vocab), not the rest of data_dir."""
+        meta_path = self.data_dir / "meta.pkl"
+        return [*self.paths.values(), *([meta_path] if meta_path.is_file() else [])]
+
     def build_meta(self) -> dict[str, Any]:
         t = self.block_size
         meta: dict[str, Any] = {

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from queue_client.batchfile import PublishedFile
+from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError, MetaError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.text.errors import CorpusError
@@ -114,11 +114,17 @@ class TextLMProvider(DataProviderBase):
         self._streams: dict[str, SplitStream] = {}
 
     # ---- meta -------------------------------------------------------------------------------
+    def input_files(self) -> list[Path]:
+        """The corpus files and the tokenizer file (the snapshot under the dataset keeps
+        serving consistent, but a replaced tokenizer means the config asks for other data)."""
+        tokenizer = [Path(self.tokenizer_path).expanduser()] if self.tokenizer_path else []
+        return [*(f.path for f in self.files), *tokenizer]
+
     def build_meta(self) -> dict[str, Any]:
         boundary = find_boundary(self.files, self.opts, self.eval_take, self.source)
         tok, info = prepare_tokenizer(
             self.tokenizer_kind,
-            self.context.dataset_dir,
+            self.context.layout,
             tokenizer_path=self.tokenizer_path,
             eos_token=self.eos_token,
             corpus_texts=lambda: (text for _, _, text in iter_corpus(self.files, self.opts)),
@@ -174,7 +180,7 @@ class TextLMProvider(DataProviderBase):
                 f"{info['corpus_files']} file(s) of {info['corpus_bytes']} bytes, now "
                 f"{len(self.files)} of {sum(f.size for f in self.files)}; rebuild the dataset"
             )
-        self.tokenizer = load_tokenizer(self.context.dataset_dir, meta["tokenizer"])
+        self.tokenizer = load_tokenizer(self.context.layout, meta["tokenizer"])
         self._meta = meta
         self._streams = {}
 
@@ -219,12 +225,12 @@ class TextLMProvider(DataProviderBase):
         windows = self._stream(split).take(a * b)
         return {name: torch.from_numpy(arr.reshape(a, b, t)) for name, arr in windows.items()}
 
-    def produce_file(self, split: str, seq: int, directory: Path) -> PublishedFile:
-        """The base's produce_file, but a failure leaves the stream where it was, so a retry
+    def make_file(self, split: str, seq: int) -> EncodedBatchFile:
+        """The base's make_file, but a failure leaves the stream where it was, so a retry
         (or the server's replay) starts from the same documents and nothing is skipped."""
         before = self.state_dict(split)
         try:
-            return super().produce_file(split, seq, directory)
+            return super().make_file(split, seq)
         except BaseException:
             self.load_state_dict(split, before)
             raise

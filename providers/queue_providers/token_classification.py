@@ -15,7 +15,6 @@ them too).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,28 +24,13 @@ import numpy as np
 import torch
 
 from queue_client.errors import ConfigError
-from queue_providers.base import DataProviderBase, ProviderContext
-from queue_providers.tokenize_util import (
-    CLS,
-    IGNORE_INDEX,
-    PAD,
-    SEP,
-    Ragged,
-    as_paths,
-    cache_key,
-    check_block_size,
-    derive_label_map,
-    encode_words,
-    file_identity,
-    load_artifacts,
-    load_tokenizer,
-    parse_label_map,
-    single_rows,
-    split_indices,
-)
+from queue_providers.base import ProviderContext
+from queue_providers.tokenized.labels import derive_label_map, parse_label_map
+from queue_providers.tokenized.provider import Arrays, TokenizedProvider
+from queue_providers.tokenized.ragged import Ragged, encode_words
+from queue_providers.tokenized.rows import IGNORE_INDEX
 
 WHO = "token_classification"
-SPLITS = ("train", "val")
 DOCSTART = "-DOCSTART-"
 
 
@@ -110,8 +94,10 @@ def read_conll(
     return sentences
 
 
-class TokenClassificationProvider(DataProviderBase):
+class TokenClassificationProvider(TokenizedProvider[Sentence]):
     """input_ids, attention_mask and a tag id (or -100) per subword."""
+
+    who = WHO
 
     def __init__(
         self,
@@ -128,15 +114,6 @@ class TokenClassificationProvider(DataProviderBase):
         label_map: Sequence[str] | Mapping[str, int] | None = None,
         lowercase: bool | None = None,
     ) -> None:
-        super().__init__(context)
-        self.block_size = check_block_size(block_size, minimum=3, who=WHO)
-        self.inputs = as_paths(input, key="input", who=WHO)
-        self.val_inputs = (
-            None if val_input is None else as_paths(val_input, key="val_input", who=WHO)
-        )
-        if self.val_inputs is None and not 0.0 < train_fraction < 1.0:
-            raise ConfigError(f"{WHO}: train_fraction must lie in (0, 1), got {train_fraction!r}")
-        self.train_fraction = float(train_fraction)
         for key, col in (("token_column", token_column), ("tag_column", tag_column)):
             if not isinstance(col, int) or isinstance(col, bool):
                 raise ConfigError(
@@ -156,14 +133,29 @@ class TokenClassificationProvider(DataProviderBase):
             "num_columns": num_columns,
         }
         self.config_label_map = parse_label_map(label_map, who=WHO)
-        self.tok = load_tokenizer(tokenizer, lowercase=lowercase, who=WHO)
-        self._arrays: dict[str, np.ndarray] = {}
-        self._info: dict[str, Any] = {}
-        self._key = ""
+        super().__init__(
+            context,
+            input=input,
+            tokenizer=tokenizer,
+            block_size=block_size,
+            val_input=val_input,
+            train_fraction=train_fraction,
+            lowercase=lowercase,
+        )
 
     # ---- sentences ----------------------------------------------------------------------------
-    def _read(self, paths: Sequence[Path]) -> list[Sentence]:
+    def read(self, paths: Sequence[Path]) -> list[Sentence]:
         return [s for p in paths for s in read_conll(p, **self.columns)]
+
+    def shared_info(self, items: Sequence[Sentence]) -> dict[str, Any]:
+        label_map = self.config_label_map or derive_label_map(t for s in items for t in s.tags)
+        for sent in items:  # in file order, so the error names the first bad line
+            for k, tag in enumerate(sent.tags):
+                if tag not in label_map:
+                    raise ConfigError(
+                        f"{sent.where(k)}: tag {tag!r} is not in label_map (tags: {sorted(label_map)})"
+                    )
+        return {"label_map": label_map}
 
     def _align(
         self, sentences: Sequence[Sentence], label_map: Mapping[str, int]
@@ -181,100 +173,50 @@ class TokenClassificationProvider(DataProviderBase):
         word_tag = tags.flat[tags.offsets[sentence_of] + w]
         return ids, np.where(first, word_tag, IGNORE_INDEX)
 
-    def _build(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        train = self._read(self.inputs)
-        val = None if self.val_inputs is None else self._read(self.val_inputs)
-        everything = train + (val or [])
-        label_map = self.config_label_map or derive_label_map(t for s in everything for t in s.tags)
-        for sent in everything:  # in file order, so the error names the first bad line
-            for k, tag in enumerate(sent.tags):
-                if tag not in label_map:
-                    raise ConfigError(
-                        f"{sent.where(k)}: tag {tag!r} is not in label_map (tags: {sorted(label_map)})"
-                    )
-        if val is None:
-            tr, va = split_indices(len(train), self.train_fraction, who=WHO)
-            by_split = {"train": [train[i] for i in tr], "val": [train[i] for i in va]}
-        else:
-            by_split = {"train": train, "val": val}
-        arrays: dict[str, np.ndarray] = {}
-        info: dict[str, Any] = {"label_map": label_map}
-        for split, sentences in by_split.items():
-            if not sentences:
-                raise ConfigError(f"{WHO}: the {split} split has no sentences")
-            ids, labels = self._align(sentences, label_map)
-            words = sum(len(s.words) for s in sentences)
-            arrays |= {
-                f"{split}_ids": ids.flat,
-                f"{split}_offsets": ids.offsets,
-                f"{split}_labels": labels,
-            }
-            info[split] = {
-                "sentences": len(sentences),
-                "words": words,
-                "subwords": len(ids.flat),
-                "words_without_subwords": int(words - (labels != IGNORE_INDEX).sum()),
-                "truncated": int((ids.lengths > self.block_size - 2).sum()),
-            }
+    def tokenize(
+        self, split: str, items: Sequence[Sentence], shared: Mapping[str, Any]
+    ) -> tuple[Arrays, dict[str, Any]]:
+        if not items:
+            raise ConfigError(f"{WHO}: the {split} split has no sentences")
+        ids, labels = self._align(items, shared["label_map"])
+        words = sum(len(s.words) for s in items)
+        arrays = {"ids": ids.flat, "offsets": ids.offsets, "labels": labels}
+        info = {
+            "sentences": len(items),
+            "words": words,
+            "subwords": len(ids.flat),
+            "words_without_subwords": int(words - (labels != IGNORE_INDEX).sum()),
+            "truncated": int((ids.lengths > self.block_size - 2).sum()),
+        }
         return arrays, info
 
-    def _cache_key(self) -> str:
-        files = [file_identity(p) for p in self.inputs]
-        val = None if self.val_inputs is None else [file_identity(p) for p in self.val_inputs]
-        return cache_key(
-            WHO, self.tok.digest, files, val, self.train_fraction, self.columns,
-            self.config_label_map, self.block_size,
-        )  # fmt: skip
-
-    def _load(self, pinned: str | None = None) -> None:
-        if not self._arrays:
-            self._key, self._arrays, self._info = load_artifacts(
-                self.context.dataset_dir, self._cache_key(), pinned, self._build
-            )
+    def cache_parts(self) -> tuple[object, ...]:
+        return (self.columns, self.config_label_map, self.block_size)
 
     # ---- meta --------------------------------------------------------------------------------
-    def build_meta(self) -> dict[str, Any]:
-        self._load()
+    def meta_fields(self) -> dict[str, Any]:
         t = self.block_size
         label_map = dict(self._info["label_map"])
         return {
             "training_type": "TOKEN_CLASSIFICATION",
-            "vocab_size": self.tok.vocab_size,
             "num_labels": len(label_map),
             "label_map": label_map,
             "label_alignment": "first_subword",
             "ignore_index": IGNORE_INDEX,
-            "block_size": t,
-            "tokenizer": os.fspath(self.tok.path),
-            "artifacts": self._key,
-            "pad_token_id": self.tok.id(PAD),
-            "cls_token_id": self.tok.id(CLS),
-            "sep_token_id": self.tok.id(SEP),
             "batch_schema": [
                 {"name": "input_ids", "dtype": "int64", "shape": [t], "role": "input"},
                 {"name": "attention_mask", "dtype": "int64", "shape": [t], "role": "mask"},
                 {"name": "labels", "dtype": "int64", "shape": [t], "role": "target"},
             ],
-            "split_info": {split: dict(self._info[split]) for split in SPLITS},
         }
-
-    def set_meta(self, meta: Mapping[str, Any]) -> None:
-        super().set_meta(meta)
-        self._load(meta.get("artifacts"))
 
     # ---- sampling ----------------------------------------------------------------------------
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
-        self._load()
-        a = self._arrays
-        offsets = a[f"{split}_offsets"]
-        idx = torch.randint(len(offsets) - 1, (self.batch_size,), generator=rng).numpy()
-        starts = torch.from_numpy(np.asarray(offsets[idx], dtype=np.int64))
-        lengths = torch.from_numpy(np.asarray(offsets[idx + 1], dtype=np.int64)) - starts
-        layout = single_rows(starts, lengths, self.block_size)
+        n = len(self.array(split, "offsets")) - 1
+        idx = torch.randint(n, (self.batch_size,), generator=rng).numpy()
+        layout = self.rows(split, idx)
         return {
-            "input_ids": layout.input_ids(
-                a[f"{split}_ids"], cls=self.tok.id(CLS), sep=self.tok.id(SEP), pad=self.tok.id(PAD)
-            ),
+            "input_ids": self.input_ids(split, layout),
             "attention_mask": layout.attention_mask(),
-            "labels": layout.labels(a[f"{split}_labels"]),
+            "labels": layout.labels(self.array(split, "labels")),
         }

@@ -16,10 +16,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from queue_client.errors import BatchQueueError
 from queue_providers.text.files import discover
 from queue_providers.text.plan import iter_corpus
 from queue_providers.text.readers import ReadOptions
+from queue_providers.train_cli import TrainerCommand, write_output
 
 
 def corpus_texts(
@@ -69,21 +69,10 @@ def train_bpe(
         inputs, separator=separator, text_key=text_key, format=format, max_documents=max_documents
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out))
-    return out
+    return write_output(out, tok.to_str(pretty=True).encode("utf-8"))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m queue_providers.train_bpe", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--input", nargs="+", required=True, help="files, folders or globs of .txt/.jsonl/.parquet"
-    )
-    parser.add_argument("--vocab-size", type=int, required=True)
-    parser.add_argument("--out", type=Path, required=True, help="where to write tokenizer.json")
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--separator",
         default=None,
@@ -92,38 +81,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--text-key", default="text", help="JSONL key or Parquet column")
     parser.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "parquet"])
     parser.add_argument("--eos-token", default="<|endoftext|>")
-    parser.add_argument("--min-frequency", type=int, default=2)
     parser.add_argument(
         "--max-documents", type=int, default=None, help="train on at most this many documents"
     )
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=sys.stderr.isatty(),
-        help="show progress while training (default: when stderr is a terminal)",
-    )
-    args = parser.parse_args(argv)
-    if args.vocab_size < 257:
-        parser.error("--vocab-size must be at least 257 (256 bytes and the end-of-text token)")
-    try:
-        out = train_bpe(
-            args.input,
-            args.out,
-            vocab_size=args.vocab_size,
-            separator=args.separator,
-            text_key=args.text_key,
-            format=args.format,
-            eos_token=args.eos_token,
-            min_frequency=args.min_frequency,
-            max_documents=args.max_documents,
-            show_progress=args.progress,
-        )
-    except BatchQueueError as exc:
-        print(f"train_bpe: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {out}")
-    return 0
 
+
+def _train(args: argparse.Namespace) -> Path:
+    return train_bpe(
+        args.input,
+        args.out,
+        vocab_size=args.vocab_size,
+        separator=args.separator,
+        text_key=args.text_key,
+        format=args.format,
+        eos_token=args.eos_token,
+        min_frequency=args.min_frequency,
+        max_documents=args.max_documents,
+        show_progress=args.progress,
+    )
+
+
+COMMAND = TrainerCommand(
+    name="train_bpe",
+    description=__doc__.split("\n")[0],
+    input_help="files, folders or globs of .txt/.jsonl/.parquet",
+    out_help="where to write tokenizer.json",
+    min_vocab_size=257,
+    min_vocab_why="256 bytes and the end-of-text token",
+    add_arguments=_add_arguments,
+    train=_train,
+)
+main = COMMAND.main
 
 if __name__ == "__main__":
     sys.exit(main())

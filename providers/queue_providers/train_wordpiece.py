@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from queue_client.errors import ConfigError
-from queue_providers.tokenize_util import BERT_SPECIALS, bert_wordpiece
+from queue_providers.tokenized.wordpiece import BERT_SPECIALS, bert_wordpiece
+from queue_providers.train_cli import TrainerCommand, write_output
 
 
 def train_wordpiece(
@@ -48,56 +49,40 @@ def train_wordpiece(
     )
     tok.train([str(p) for p in paths], trainer)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".txt":
         vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-        out.write_text("".join(f"{token}\n" for token, _ in vocab), encoding="utf-8")
-    else:
-        tok.save(str(out))
-    return out
+        return write_output(out, "".join(f"{token}\n" for token, _ in vocab).encode("utf-8"))
+    return write_output(out, tok.to_str(pretty=True).encode("utf-8"))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m queue_providers.train_wordpiece", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
-        "--input", nargs="+", required=True, metavar="FILE", help="text files to train on"
-    )
-    parser.add_argument(
-        "--vocab-size", type=int, required=True, help="vocabulary size, special tokens included"
-    )
-    parser.add_argument(
-        "--out", required=True, help="tokenizer.json to write (or vocab.txt, by suffix)"
-    )
-    parser.add_argument(
-        "--min-frequency", type=int, default=2, help="rarest pair that may merge (default 2)"
-    )
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-lowercase", dest="lowercase", action="store_false", help="keep case (cased BERT)"
     )
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=sys.stderr.isatty(),
-        help="show a progress bar while training (default: when stderr is a terminal)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        out = train_wordpiece(
-            args.input,
-            vocab_size=args.vocab_size,
-            out=args.out,
-            lowercase=args.lowercase,
-            min_frequency=args.min_frequency,
-            show_progress=args.progress,
-        )
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {out}")
-    return 0
 
+
+def _train(args: argparse.Namespace) -> Path:
+    return train_wordpiece(
+        args.input,
+        vocab_size=args.vocab_size,
+        out=args.out,
+        lowercase=args.lowercase,
+        min_frequency=args.min_frequency,
+        show_progress=args.progress,
+    )
+
+
+COMMAND = TrainerCommand(
+    name="train_wordpiece",
+    description=__doc__.split("\n\n")[0],
+    input_help="text files to train on",
+    out_help="tokenizer.json to write (or vocab.txt, by suffix)",
+    min_vocab_size=len(BERT_SPECIALS) + 1,
+    min_vocab_why=f"the {len(BERT_SPECIALS)} special tokens and one more",
+    add_arguments=_add_arguments,
+    train=_train,
+)
+main = COMMAND.main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,10 @@
     python -m queue_providers.verify_diversity --data-dir DATA --dataset web --batches 100
     python -m queue_providers.verify_diversity --address localhost:50051 --dataset web
 
-Over the first N batches of each split it reports:
+It reads the split's queued batch files in seq order, straight from the data root (with
+--address, the root the server reports, or $BATCHQUEUE_DATA_ROOT): it consumes nothing, so it
+is safe beside a running trainer, and it checks what is on disk, as many batches as that holds
+up to N. Over those first N batches of each split it reports:
   - the duplicate-window rate: the share of [T] windows whose tokens (and mask) equal a window
     seen before in the same split;
   - the train/val document overlap: documents found in both splits. A document is recognised
@@ -15,8 +18,7 @@ Over the first N batches of each split it reports:
   - the share of padding tokens.
 It exits 1 when train's duplicate rate or the overlap exceeds its threshold, 2 when it cannot
 read the batches. val is a fixed set that repeats every epoch, so its windows repeat as soon as
-N batches exceed it: its rate is shown, and judged only with --judge-val-duplicates. Against a server it consumes real batches through QueueClient, so point it at a
-dataset no trainer is reading; the data-dir mode only reads the queued files.
+N batches exceed it: its rate is shown, and judged only with --judge-val-duplicates.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from queue_client.batchfile import META_FILE, dataset_dir, load_batch_file, queue_dir, scan_queue
+from queue_client.batchfile import load_batch_file, scan_queue
 from queue_client.errors import BatchQueueError
+from queue_client.layout import DatasetLayout
 from queue_client.meta import load_meta
 
 IGNORE = -100
@@ -123,11 +126,12 @@ def _meta_packing(meta: Mapping[str, Any] | None) -> str:
     return packing if packing in ("sequential", "bin") else "sequential"
 
 
-def _from_data_dir(
-    root: Path, dataset: str, splits: Sequence[str], batches: int, check: DiversityCheck
+def _read_queue(
+    layout: DatasetLayout, splits: Sequence[str], batches: int, check: DiversityCheck
 ) -> None:
+    """The first `batches` batches of each split's queued files, in seq order."""
     for split in splits:
-        qdir = queue_dir(root, dataset, split)
+        qdir = layout.queue_dir(split)
         seen = 0
         for name in sorted(scan_queue(qdir), key=lambda n: n.seq):
             try:
@@ -144,21 +148,31 @@ def _from_data_dir(
                 break
 
 
-def _from_server(
-    address: str, dataset: str, splits: Sequence[str] | None, batches: int, min_doc_tokens: int
-) -> DiversityCheck:
-    from queue_client.client import QueueClient
+def server_data_root(address: str, dataset: str) -> Path:
+    """The data root of the server at `address` ($BATCHQUEUE_DATA_ROOT wins, as for clients)."""
+    from queue_client.rpc import Rpc
+    from queue_client.wire import batchqueue_pb2 as pb
 
-    with QueueClient(address, dataset) as client:
-        check = DiversityCheck(packing=_meta_packing(client.meta), min_doc_tokens=min_doc_tokens)
-        for split in splits or client.splits:
-            for _ in range(batches):
-                batch = client.get_batch(split)
-                if not isinstance(batch, Mapping):
-                    raise BatchQueueError(
-                        f"dataset {dataset!r} serves (x, y) batches, not text_lm's fields"
-                    )
-                check.add(split, batch)
+    rpc = Rpc(address)
+    try:
+        reply = rpc.call("GetMeta", pb.GetMetaRequest(dataset=dataset))
+    finally:
+        rpc.close()
+    return Path(os.environ.get("BATCHQUEUE_DATA_ROOT") or reply.data_root)
+
+
+def check_dataset(
+    layout: DatasetLayout, splits: Sequence[str] | None, batches: int, min_doc_tokens: int
+) -> DiversityCheck:
+    """A DiversityCheck over the queued files of `layout`'s dataset (every split by default)."""
+    if not layout.meta_file.is_file():
+        raise BatchQueueError(
+            f"{layout.meta_file} is not there: the data root {layout.root} holds no dataset "
+            f"{layout.dataset!r} (a server's root must be visible here; see --data-dir)"
+        )
+    meta = load_meta(layout.meta_file)
+    check = DiversityCheck(packing=_meta_packing(meta), min_doc_tokens=min_doc_tokens)
+    _read_queue(layout, splits or list(meta["split_info"]), batches, check)
     return check
 
 
@@ -211,7 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--data-dir", type=Path, help="the server's data root (reads queued files)")
-    where.add_argument("--address", help="a running server, host:port (consumes batches)")
+    where.add_argument(
+        "--address", help="a running server, host:port: read the queued files of its data root"
+    )
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--splits", nargs="+", default=None, help="default: every split in meta")
     parser.add_argument("--batches", type=int, default=100, help="batches per split")
@@ -228,15 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.data_dir is not None:
             root = Path(os.path.expanduser(args.data_dir))
-            meta = load_meta(dataset_dir(root, args.dataset) / META_FILE)
-            check = DiversityCheck(packing=_meta_packing(meta), min_doc_tokens=args.min_doc_tokens)
-            _from_data_dir(
-                root, args.dataset, args.splits or list(meta["split_info"]), args.batches, check
-            )
         else:
-            check = _from_server(
-                args.address, args.dataset, args.splits, args.batches, args.min_doc_tokens
-            )
+            root = server_data_root(args.address, args.dataset)
+        layout = DatasetLayout(root.expanduser(), args.dataset)
+        check = check_dataset(layout, args.splits, args.batches, args.min_doc_tokens)
     except (BatchQueueError, OSError, KeyError) as exc:
         print(f"verify_diversity: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

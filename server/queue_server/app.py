@@ -3,6 +3,10 @@
 Shutdown order: health goes NOT_SERVING (load balancers and probes stop sending work), the
 gRPC server stops with a grace period (calls in flight finish), then the datasets stop their
 worker processes and close their journals.
+
+At start the server also reads its TLS certificate and key (when configured; the TCP
+listener then speaks TLS only) and the data root's id, made on first use, which GetMeta
+publishes so that a client can tell whether it sees this very root or must stream files.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,14 +24,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from queue_client.errors import ConfigError
+from queue_client.layout import atomic_write, root_id_file
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server.auth import TokenInterceptor
 from queue_server.config import ServerConfig, parse_listen
 from queue_server.dataset import SERVING, DatasetRuntime
+from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
 from queue_server.root_lock import DataRootLock
 from queue_server.servicer import BatchQueueServicer
+from queue_server.split_queue import SplitQueue
+from queue_server.unix_socket import claim_socket_path, remove_socket, socket_identity
 
 log = logging.getLogger("queue_server")
 
@@ -33,6 +44,42 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BatchQueue"].full_name
 # Requests are small; anything near this is abuse. Replies carry meta, which may hold a vocab.
 MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 MAX_SEND_BYTES = 64 * 1024 * 1024
+
+
+_ROOT_ID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def ensure_root_id(root: Path) -> str:
+    """The data root's random id, made and written (atomically) the first time."""
+    path = root_id_file(root)
+    try:
+        found = path.read_text(encoding="ascii").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        found = ""
+    if _ROOT_ID_RE.fullmatch(found):
+        return found
+    made = uuid.uuid4().hex
+    atomic_write(path, f"{made}\n".encode())
+    return made
+
+
+def _read_pem(key: str, path: str, marker: bytes) -> bytes:
+    try:
+        pem = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"server.{key} = {path!r} cannot be read: {exc.strerror}") from None
+    if marker not in pem:
+        raise ConfigError(f"server.{key} = {path!r} is not a PEM file with {marker.decode()}")
+    return pem
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from server.tls_cert_file and tls_key_file; None without them."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    cert = _read_pem("tls_cert_file", str(config.tls_cert_file), b"-----BEGIN CERTIFICATE-----")
+    key = _read_pem("tls_key_file", str(config.tls_key_file), b"PRIVATE KEY-----")
+    return grpc.ssl_server_credentials([(key, cert)])
 
 
 def health_name(dataset: str) -> str:
@@ -45,12 +92,15 @@ class QueueServer:
         root = Path(config.data_root).expanduser().resolve()
         self.config = replace(config, data_root=root)
         self.health = health.aio.HealthServicer()
+        self.leases: LeaseDirectory[SplitQueue] = LeaseDirectory()
         self.datasets = {
-            d.name: DatasetRuntime(d, self.config, self._on_dataset_state) for d in config.datasets
+            d.name: DatasetRuntime(d, self.config, self._on_dataset_state, self.leases)
+            for d in config.datasets
         }
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.address = ""
+        self._unix_socket: tuple[int, int] | None = None  # (dev, inode) of the socket we bound
         self.metrics = (
             MetricsServer(self.datasets, self.config.metrics_listen)
             if self.config.metrics_listen
@@ -58,6 +108,7 @@ class QueueServer:
         )
         self.metrics_address = ""
         self._root_lock = DataRootLock(root)
+        self.root_id = ""
 
     def _on_dataset_state(self, runtime: DatasetRuntime) -> None:
         asyncio.get_running_loop().create_task(self._publish_health())
@@ -77,7 +128,9 @@ class QueueServer:
         """Bind, start serving, and start every dataset in the background; returns the address."""
         cfg = self.config
         listen = parse_listen(cfg.listen)
+        credentials = await asyncio.to_thread(server_credentials, cfg)
         await asyncio.to_thread(self._root_lock.acquire)  # before anything touches the root
+        self.root_id = await asyncio.to_thread(ensure_root_id, cfg.data_root)
         if not listen.is_loopback:
             log.warning(
                 "listening on %s, which is reachable from other hosts%s",
@@ -96,7 +149,13 @@ class QueueServer:
             ],
         )
         servicer = BatchQueueServicer(
-            self.datasets, str(cfg.data_root), cfg.lease_ttl_s, cfg.acquire_wait_s, self.metrics
+            self.datasets,
+            self.leases,
+            str(cfg.data_root),
+            cfg.lease_ttl_s,
+            cfg.acquire_wait_s,
+            self.metrics,
+            data_root_id=self.root_id,
         )
         pb_grpc.add_BatchQueueServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -109,15 +168,20 @@ class QueueServer:
             server,
         )
         if listen.unix_path:
-            await asyncio.to_thread(Path(listen.unix_path).unlink, missing_ok=True)
+            await asyncio.to_thread(claim_socket_path, listen.unix_path)
             old = os.umask(0o777 & ~cfg.unix_socket_mode)  # the socket is born with its final mode
             try:
                 server.add_insecure_port(listen.grpc_target)
             finally:
                 os.umask(old)
+            self._unix_socket = await asyncio.to_thread(socket_identity, listen.unix_path)
             self.address = listen.grpc_target
         else:
-            port = server.add_insecure_port(listen.grpc_target)
+            port = (
+                server.add_secure_port(listen.grpc_target, credentials)
+                if credentials is not None
+                else server.add_insecure_port(listen.grpc_target)
+            )
             if port == 0:
                 raise OSError(
                     f"cannot listen on {cfg.listen}: the address is in use or not available"
@@ -131,9 +195,10 @@ class QueueServer:
         for runtime in self.datasets.values():
             self._tasks.append(asyncio.get_running_loop().create_task(runtime.start()))
         log.info(
-            "batchqueue serving %s on %s (data root %s)",
+            "batchqueue serving %s on %s%s (data root %s)",
             sorted(self.datasets),
             self.address,
+            " with TLS" if credentials is not None else "",
             cfg.data_root,
         )
         return self.address
@@ -158,7 +223,7 @@ class QueueServer:
         await asyncio.gather(*(rt.close() for rt in self.datasets.values()), return_exceptions=True)
         listen = parse_listen(self.config.listen)
         if listen.unix_path:
-            await asyncio.to_thread(Path(listen.unix_path).unlink, missing_ok=True)
+            await asyncio.to_thread(remove_socket, listen.unix_path, self._unix_socket)
         self._root_lock.release()
 
 

@@ -1,4 +1,8 @@
-"""`queue-server`: serve the datasets of a TOML config (the embedded default without one)."""
+"""`queue-server`: serve the datasets of a TOML config (the embedded default without one).
+
+`queue-server reset DATASET [--config FILE] [--data-root DIR] [--delete]` moves a dataset's
+directory aside (or deletes it), so that the next start rebuilds it from its inputs.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from queue_client.errors import ConfigError
+from queue_client.errors import ConfigError, InvalidRequest
+from queue_client.layout import atomic_write
 from queue_server.app import QueueServer
 from queue_server.config import ServerConfig, load_config, parse_listen
+from queue_server.reset import NothingToReset, reset_dataset
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,6 +37,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--metrics-listen",
         help='HTTP /metrics and /healthz: HOST:PORT, unix:PATH, or "" for off (default 127.0.0.1:50052)',
+    )
+    p.add_argument(
+        "--ranks",
+        help='the global ranks this server serves: "all", a list or range such as 0,1 or '
+        "0-3, or \"launcher\" for this node's share from torchrun's environment "
+        "(overrides server.ranks)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        help="the world size those ranks belong to (overrides server.world_size)",
     )
     p.add_argument(
         "--ready-file",
@@ -51,20 +68,21 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         overrides["listen"] = args.listen
     if args.metrics_listen is not None:
         overrides["metrics_listen"] = args.metrics_listen
+    if args.ranks is not None:
+        overrides["ranks"] = args.ranks
+    if args.world_size is not None:
+        overrides["world_size"] = args.world_size
     return replace(config, **overrides)
 
 
 async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
     server = QueueServer(config)
     address = await server.start()
+    if not config.served.all:
+        logging.getLogger("queue_server").info("serving %s only", config.served.describe())
     if ready_file is not None:
-        tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.write_text(
-            json.dumps(
-                {"address": address, "metrics_address": server.metrics_address, "pid": os.getpid()}
-            )
-        )
-        os.replace(tmp, ready_file)
+        ready = {"address": address, "metrics_address": server.metrics_address, "pid": os.getpid()}
+        atomic_write(ready_file, json.dumps(ready).encode())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -104,9 +122,43 @@ def run(coro: object) -> None:
     uvloop.run(coro)  # type: ignore[arg-type]
 
 
+def _reset(argv: list[str]) -> int:
+    """`queue-server reset`: refused while a server holds the data root (exit 2)."""
+    p = argparse.ArgumentParser(
+        prog="queue-server reset",
+        description="Move a dataset's directory aside inside the data root, so that the next "
+        "start rebuilds it from its inputs. Nothing is deleted without --delete.",
+    )
+    p.add_argument("dataset", help="the dataset's name, as in [datasets.NAME]")
+    p.add_argument("--config", type=Path, help="TOML config whose server.data_root to use")
+    p.add_argument("--data-root", type=Path, help="the data root (overrides server.data_root)")
+    p.add_argument("--delete", action="store_true", help="delete the directory, not move it")
+    args = p.parse_args(argv)
+    try:
+        root = load_config(args.config).data_root if args.data_root is None else args.data_root
+        done = reset_dataset(Path(root).expanduser().resolve(), args.dataset, delete=args.delete)
+    except ConfigError as exc:
+        print(f"queue-server reset: {exc}", file=sys.stderr)
+        return 2
+    except (InvalidRequest, NothingToReset, OSError) as exc:
+        print(f"queue-server reset: {exc}", file=sys.stderr)
+        return 1
+    if done.deleted:
+        print(f"deleted {done.dataset_dir}; the next start rebuilds dataset {args.dataset!r}")
+    else:
+        print(
+            f"moved {done.dataset_dir} to {done.moved_to}; the next start rebuilds dataset "
+            f"{args.dataset!r}. Once you no longer need the old one: rm -r '{done.moved_to}'"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # Workers are started with fork+exec; gRPC's fork handlers only add noise for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["reset"]:
+        return _reset(argv[1:])
     args = _parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

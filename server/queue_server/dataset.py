@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from queue_client import errors
-from queue_client.batchfile import META_FILE, check_split_name, dataset_dir
+from queue_client.layout import DatasetLayout, atomic_write, check_split_name
 from queue_client.meta import (
     dump_meta,
     load_meta,
@@ -21,15 +22,20 @@ from queue_client.meta import (
 )
 from queue_client.schema import FieldSpec
 from queue_server.config import DatasetConfig, ServerConfig
-from queue_server.curriculum.composer import ComposerSettings
-from queue_server.curriculum.lane import CurriculumLane
-from queue_server.curriculum.schedule import AlphaSchedule
+from queue_server.curriculum.lane import CurriculumBackend
+from queue_server.curriculum.settings import curriculum_settings
+from queue_server.leases import LeaseDirectory
+from queue_server.production.backend import ProduceFailed, ProductionBackend, SlotDied
+from queue_server.production.process_pool import ProcessPoolBackend
+from queue_server.production.worker_process import WorkerDied, WorkerError, WorkerProcess
+from queue_server.served_ranks import EVERY_RANK
 from queue_server.split_queue import SplitQueue
-from queue_server.workers import WorkerDied, WorkerError, WorkerProcess
 
 log = logging.getLogger("queue_server.dataset")
 
 STARTING, SERVING, FAILED = "starting", "serving", "failed"
+# Files on disk are still served, but production waits for its engine (a Ray cluster).
+UNAVAILABLE = "unavailable"
 # The composer's pins on candidate files never expire: they end when a candidate retires.
 _PINNED_TTL_S = 1e9
 
@@ -40,10 +46,14 @@ class DatasetRuntime:
         config: DatasetConfig,
         server: ServerConfig,
         on_state: Callable[[DatasetRuntime], None],
+        leases: LeaseDirectory[SplitQueue] | None = None,
     ) -> None:
         self.config = config
         self.server = server
-        self.dir = dataset_dir(server.data_root, config.name)
+        self.layout = DatasetLayout(server.data_root, config.name)
+        self.dir = self.layout.dir
+        self._leases = leases
+        self._unavailable: dict[str, str] = {}
         self.state = STARTING
         self.last_error = ""
         # True when the dataset failed because its config is wrong (bad provider args):
@@ -81,44 +91,100 @@ class DatasetRuntime:
             f"{self.config.name}/{split} worker {index}", init, self.server.config_dir
         )
 
-    def _lane(self, split: str) -> CurriculumLane:
+    def _split_queue(
+        self, split: str, backend: ProductionBackend, candidates: bool = False
+    ) -> SplitQueue:
+        config = self.config
+        if candidates:
+            settings, _ = curriculum_settings(self.config, self.meta, split)
+            config = dataclasses.replace(
+                config, max_backlog_files=settings.candidate_backlog, selection="fifo"
+            )
+        return SplitQueue(
+            config,
+            split,
+            self.layout,
+            _PINNED_TTL_S if candidates else self.server.lease_ttl_s,
+            backend,
+            self.fail,
+            on_unavailable=lambda reason: self._unavailable_changed(split, reason),
+            directory=None if candidates else self._leases,
+            verbose=self.server.verbose,
+            candidates=candidates,
+            # A curriculum's candidates are its own business: every rank's (and never node-local).
+            served=EVERY_RANK if candidates else self.server.served,
+        )
+
+    def _backend(self, split: str) -> ProductionBackend:
+        """What makes the split's files: provider workers, Ray actors, or a curriculum composer."""
+        if self.config.selection == "curriculum" and split in self.config.curriculum.splits:
+            return self._curriculum(split)
+        if self.config.backend == "ray":
+            from queue_server.production.ray_backend import RayBackend
+
+            return RayBackend(
+                split=split,
+                directory=self.layout.queue_dir(split),
+                init=self._worker(split, 0).init_request,
+                meta_json=self.meta_json,
+                cwd=self.server.config_dir,
+                slots=self.config.workers,
+                ray_address=self.config.ray_address,
+                placement=self.config.ray_placement,
+            )
+        return ProcessPoolBackend(
+            split,
+            self.config.workers,
+            lambda index: self._worker(split, index),
+            self.meta_json,
+            self.layout.queue_dir(split),
+        )
+
+    def _curriculum(self, split: str) -> CurriculumBackend:
         """The producer of a curriculum split: its candidate queue and its composer."""
         settings, field_name = curriculum_settings(self.config, self.meta, split)
-        candidates = SplitQueue(
-            dataclasses.replace(
-                self.config, max_backlog_files=settings.candidate_backlog, selection="fifo"
-            ),
-            split,
-            self.server.data_root,
-            _PINNED_TTL_S,
-            lambda index: self._worker(split, index, histogram_field=field_name),
-            self.meta_json,
-            self.fail,
-            verbose=self.server.verbose,
-            candidates=True,
-        )
+
+        def candidates() -> SplitQueue:
+            workers = ProcessPoolBackend(
+                split,
+                self.config.workers,
+                lambda index: self._worker(split, index, histogram_field=field_name),
+                self.meta_json,
+                self.layout.candidates_dir(split),
+                into_candidates=True,
+            )
+            return self._split_queue(split, workers, candidates=True)
+
         init = {
             "split": split,
             "settings": settings.to_json(),
             "field": field_name,
-            "n_tokens": self.config.starting_estimation_token_count,
+            "n_tokens": self.config.curriculum.starting_estimation_token_count,
             "meta_json": self.meta_json,
         }
-        composer = WorkerProcess(
-            f"{self.config.name}/{split} composer",
-            self._worker(split, 0).init_request,
-            self.server.config_dir,
+        return CurriculumBackend(
+            f"{self.config.name}/{split} curriculum",
+            split,
+            lambda: WorkerProcess(
+                f"{self.config.name}/{split} composer",
+                self._worker(split, 0).init_request,
+                self.server.config_dir,
+            ),
+            candidates,
+            init,
+            self.meta_json,
         )
-        return CurriculumLane(f"{self.config.name}/{split} curriculum", composer, candidates, init)
 
     async def start(self) -> None:
         try:
             await self._start()
         except Exception as exc:
             self.config_error = isinstance(exc, errors.ConfigError) or (
-                isinstance(exc, WorkerError) and exc.kind == "ConfigError"
+                isinstance(exc, (WorkerError, ProduceFailed)) and exc.kind == "ConfigError"
             )
-            known = isinstance(exc, (errors.BatchQueueError, WorkerError, WorkerDied))
+            known = isinstance(
+                exc, (errors.BatchQueueError, WorkerError, WorkerDied, ProduceFailed, SlotDied)
+            )
             self.fail(str(exc) if known else f"{type(exc).__name__}: {exc}")
             return
         if self.state == STARTING:  # a worker may have failed the dataset while others started
@@ -128,7 +194,7 @@ class DatasetRuntime:
 
     async def _start(self) -> None:
         await asyncio.to_thread(self.dir.mkdir, parents=True, exist_ok=True)
-        meta_path = self.dir / META_FILE
+        meta_path = self.layout.meta_file
         if meta_path.exists():
             meta = await asyncio.to_thread(load_meta, meta_path)
             validate_meta(meta, where=str(meta_path))
@@ -136,9 +202,11 @@ class DatasetRuntime:
             if have != want:
                 raise errors.MetaError(
                     f"{meta_path} was built from another config of dataset {self.config.name!r} "
-                    f"(fingerprint {have} vs {want}); its batch files would not match. Move "
-                    f"{self.dir} aside (nothing is deleted for you) or restore the old config"
+                    f"(fingerprint {have} vs {want}); its batch files would not match. Run "
+                    f"`queue-server reset {self.config.name}` (it moves {self.dir} aside, "
+                    "nothing is deleted for you) or restore the old config"
                 )
+            await self._check_inputs(meta)
         else:
             builder = self._worker("meta", 0)
             try:
@@ -147,11 +215,14 @@ class DatasetRuntime:
             finally:
                 await builder.stop()
             meta = meta_from_json(reply["meta_json"])
+            # The inputs' records first: a meta.pkl on disk always has them beside it.
+            inputs = json.dumps(reply.get("inputs", {}), sort_keys=True).encode()
+            await asyncio.to_thread(atomic_write, self.layout.inputs_file, inputs)
             await asyncio.to_thread(dump_meta, meta_path, meta)
         self.meta = meta
-        self.meta_json = meta_to_json(meta)
+        self.meta_json = await asyncio.to_thread(meta_to_json, meta)  # CPU work: off the loop
         if self.config.selection == "curriculum":
-            unknown = sorted(set(self.config.curriculum_splits) - set(meta["split_info"]))
+            unknown = sorted(set(self.config.curriculum.splits) - set(meta["split_info"]))
             if unknown:
                 raise errors.ConfigError(
                     f"datasets.{self.config.name}.curriculum_splits names {unknown}, which "
@@ -159,23 +230,32 @@ class DatasetRuntime:
                 )
         for split in meta["split_info"]:
             check_split_name(split)
-            if self.config.selection == "curriculum" and split in self.config.curriculum_splits:
-                curriculum_settings(self.config, meta, split)  # a bad field fails here, named
-                make = lambda index, split=split: self._lane(split)  # noqa: E731
-            else:
-                make = lambda index, split=split: self._worker(split, index)  # noqa: E731
-            queue = SplitQueue(
-                self.config,
-                split,
-                self.server.data_root,
-                self.server.lease_ttl_s,
-                make,
-                self.meta_json,
-                self.fail,
-                verbose=self.server.verbose,
-            )
-            self.splits[split] = queue
+            self.splits[split] = self._split_queue(split, self._backend(split))
         await asyncio.gather(*(q.open() for q in self.splits.values()))
+
+    async def _check_inputs(self, meta: dict[str, Any]) -> None:
+        """Refuse (ConfigError, from a worker: hashing is I/O and CPU) a dataset whose input
+        files changed since meta was built; their records in inputs.json name the file."""
+        fingerprint = meta.get("inputs_fingerprint")
+        if not isinstance(fingerprint, str):
+            log.warning(
+                "dataset %s: %s has no inputs_fingerprint (it was built by an older batchqueue), "
+                "so a change of its input files cannot be noticed; `queue-server reset %s` "
+                "rebuilds it with one",
+                self.config.name,
+                self.layout.meta_file,
+                self.config.name,
+            )
+            return
+        recorded = await asyncio.to_thread(_read_inputs, self.layout.inputs_file)
+        checker = self._worker("inputs", 0)
+        try:
+            await checker.start()
+            await checker.call(
+                {"op": "check_inputs", "inputs": recorded, "fingerprint": fingerprint}
+            )
+        finally:
+            await checker.stop()
 
     def fail(self, message: str) -> None:
         if self.state == FAILED:
@@ -195,9 +275,29 @@ class DatasetRuntime:
         if self.state == FAILED:
             raise errors.ProviderFailed(f"dataset {self.config.name!r} failed: {self.last_error}")
 
+    def _unavailable_changed(self, split: str, reason: str | None) -> None:
+        """A split's production engine went away (reason) or came back (None)."""
+        if reason is None:
+            self._unavailable.pop(split, None)
+        else:
+            self._unavailable[split] = reason
+        if self.state not in (SERVING, UNAVAILABLE):
+            return
+        before = self.state
+        self.state = UNAVAILABLE if self._unavailable else SERVING
+        self.last_error = "; ".join(f"{s}: {r}" for s, r in sorted(self._unavailable.items()))
+        if self.state != before:
+            log.warning(
+                "dataset %s is %s%s",
+                self.name,
+                self.state,
+                f": {self.last_error}" if self.last_error else "",
+            )
+            self._on_state(self)
+
     def split(self, name: str) -> SplitQueue:
         self.check_serving()
-        if self.state != SERVING:
+        if self.state not in (SERVING, UNAVAILABLE):
             raise errors.ServerUnavailable(f"dataset {self.config.name!r} is still starting")
         check_split_name(name)
         try:
@@ -215,46 +315,15 @@ class DatasetRuntime:
         return {name: q.worker_pids() for name, q in self.splits.items()}
 
 
+def _read_inputs(path: Path) -> dict[str, Any]:
+    """inputs.json, or {} when it is missing or unreadable: the records only save hashing and
+    name the changed file; the fingerprint in meta decides alone."""
+    try:
+        records = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return records if isinstance(records, dict) else {}
+
+
 def resolve_data_root(root: Path) -> Path:
     return Path(root).expanduser().resolve()
-
-
-def curriculum_settings(
-    config: DatasetConfig, meta: dict[str, Any], split: str
-) -> tuple[ComposerSettings, str]:
-    """The composer's settings for one split, and the field it scores; errors name the key."""
-    where = f"datasets.{config.name}"
-    vocab_size = meta.get("vocab_size")
-    if not isinstance(vocab_size, int) or vocab_size < 1:
-        raise errors.ConfigError(
-            f'{where}.selection = "curriculum" needs a vocab_size in meta; provider '
-            f"{config.provider!r} declares {vocab_size!r}"
-        )
-    schema = {f.name: f for f in split_schema(meta, split)}
-    field_name = config.curriculum_field or meta.get("token_field") or ""
-    if not field_name:
-        field_name = next((n for n in ("x", "input_ids") if n in schema), "")
-    spec = schema.get(field_name)
-    if spec is None:
-        raise errors.ConfigError(
-            f"{where}.curriculum_field = {field_name!r} is not a field of split {split!r}; "
-            f"its fields are {sorted(schema)}"
-        )
-    if not spec.dtype.startswith(("int", "uint")):
-        raise errors.ConfigError(
-            f"{where}.curriculum_field = {field_name!r} holds {spec.dtype}, not token ids"
-        )
-    schedule = AlphaSchedule(
-        float(config.curriculum_alpha),
-        tuple((float(x), float(a)) for x, a in config.curriculum_schedule),
-        config.curriculum_schedule_unit,
-    )
-    settings = ComposerSettings(
-        vocab_size=vocab_size,
-        batches_per_file=config.batches_per_file,
-        candidate_batches_per_file=config.batches_per_file,
-        capacity=max(config.candidate_buffer, config.batches_per_file),
-        oversample=float(config.candidate_oversample),
-        schedule=schedule,
-    )
-    return settings, field_name

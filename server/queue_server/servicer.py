@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -20,14 +21,15 @@ from queue_client.codes import status_for
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server.dataset import DatasetRuntime
+from queue_server.leases import MAX_ID_LENGTH, LeaseDirectory
 from queue_server.metrics import MetricsServer
 from queue_server.split_queue import SplitQueue
 
 log = logging.getLogger("queue_server.servicer")
 
 T = TypeVar("T")
-# Longest client_id or lease_id accepted: ids are uuids; anything far longer is abuse.
-_MAX_ID = 128
+# FetchFile's chunk: big enough that per-message costs vanish, far below the message limits.
+CHUNK_BYTES = 1 << 20
 
 
 def _translate(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -47,13 +49,18 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     def __init__(
         self,
         datasets: dict[str, DatasetRuntime],
+        leases: LeaseDirectory[SplitQueue],
         data_root: str,
         lease_ttl_s: float,
         acquire_wait_s: float,
         metrics: MetricsServer | None = None,
+        *,
+        data_root_id: str = "",
     ) -> None:
         self._metrics = metrics
+        self._data_root_id = data_root_id
         self._datasets = datasets
+        self._leases = leases
         self._data_root = data_root
         self._ttl_ms = int(lease_ttl_s * 1000)
         self._wait_s = acquire_wait_s
@@ -78,17 +85,6 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     def _queue(self, runtime: DatasetRuntime, split: str) -> SplitQueue:
         return runtime.split(split)
 
-    def _find_lease(self, lease_id: str) -> SplitQueue:
-        if not lease_id or len(lease_id) > _MAX_ID:
-            raise errors.InvalidRequest(f"lease_id {lease_id[:_MAX_ID]!r} is malformed")
-        for runtime in self._datasets.values():
-            for queue in runtime.splits.values():
-                if lease_id in queue.leases:
-                    return queue
-        raise errors.UnknownLease(
-            f"lease {lease_id!r} is not held (expired, released, or the server restarted)"
-        )
-
     @_translate
     async def ListDatasets(
         self, request: pb.ListDatasetsRequest, context: Any
@@ -108,6 +104,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             mode=runtime.config.mode,
             splits=sorted(runtime.splits),
             lease_ttl_ms=self._ttl_ms,
+            data_root_id=self._data_root_id,
         )
 
     @_translate
@@ -176,8 +173,8 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
 
     @_translate
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context: Any) -> pb.Lease:
-        if len(request.client_id) > _MAX_ID:
-            raise errors.InvalidRequest(f"client_id is longer than {_MAX_ID} characters")
+        if len(request.client_id) > MAX_ID_LENGTH:
+            raise errors.InvalidRequest(f"client_id is longer than {MAX_ID_LENGTH} characters")
         if request.wait_ms < 0:
             raise errors.InvalidRequest(f"wait_ms {request.wait_ms} is negative")
         wait_s = min(request.wait_ms / 1000, self._wait_s) if request.wait_ms else self._wait_s
@@ -213,7 +210,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     async def ReleaseLease(
         self, request: pb.ReleaseLeaseRequest, context: Any
     ) -> pb.ReleaseLeaseResponse:
-        queue = self._find_lease(request.lease_id)
+        queue = self._leases.owner_of(request.lease_id)
         queue.release(
             request.lease_id, request.client_id, int(request.outcome), request.reason[:2000]
         )
@@ -246,13 +243,60 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         lost = []
         for lease_id in request.lease_ids:
             try:
-                queue = self._find_lease(lease_id)
+                queue = self._leases.owner_of(lease_id)
             except errors.BatchQueueError:
                 lost.append(lease_id)
                 continue
             if not queue.renew(lease_id, request.client_id):
                 lost.append(lease_id)
         return pb.RenewLeasesResponse(lost_lease_ids=lost, ttl_ms=self._ttl_ms)
+
+    @_translate
+    async def FetchFile(self, request: pb.FetchFileRequest, context: Any) -> None:
+        """Stream a leased file to its holder. Reads run in a thread, one chunk at a time,
+        and each write waits for the client (flow control), so a slow reader holds one chunk."""
+        queue = self._leases.owner_of(request.lease_id)
+        path, size, crc = _leased_file(queue, request.lease_id, request.client_id)
+        try:
+            f = await asyncio.to_thread(path.open, "rb")
+        except FileNotFoundError:
+            raise errors.CorruptBatchFile(
+                f"{queue.where}: {path.name} is gone from the server's disk"
+            ) from None
+        try:
+            offset = 0
+            while True:
+                data = await asyncio.to_thread(f.read, min(CHUNK_BYTES, size - offset))
+                if not data and offset < size:
+                    raise errors.CorruptBatchFile(
+                        f"{queue.where}: {path.name} has {offset} bytes, the lease says {size}"
+                    )
+                chunk = pb.FileChunk(offset_bytes=offset, data=data)
+                if offset == 0:
+                    chunk.size_bytes, chunk.crc32 = size, crc
+                await context.write(chunk)
+                offset += len(data)
+                if offset >= size:
+                    return
+        finally:
+            f.close()
+
+
+def _leased_file(queue: SplitQueue, lease_id: str, client_id: str) -> tuple[Path, int, int]:
+    """The path, size and crc32 of the file a lease holds, for the lease's holder only: the
+    one file FetchFile may read."""
+    lease = queue.leases.get(lease_id)
+    entry = queue.files.get(lease.seq) if lease is not None else None
+    if lease is None or entry is None:
+        raise errors.UnknownLease(
+            f"lease {lease_id!r} of {queue.where} is not held (expired, released, or the "
+            "server restarted)"
+        )
+    if lease.client_id != client_id:
+        raise errors.LeaseConflict(
+            f"lease {lease_id!r} belongs to another client, not to {client_id!r}"
+        )
+    return queue.dir / entry.name, entry.size_bytes, entry.crc32
 
 
 def _curriculum_stats(stats: dict[str, Any] | None) -> pb.CurriculumStats | None:

@@ -74,6 +74,16 @@ class DictProvider(TinyProvider):
         return {"input_ids": x, "attention_mask": torch.ones_like(x, dtype=torch.bool), "labels": x}
 
 
+class OutOfVocabProvider(TinyProvider):
+    """Puts id vocab_size (1000) into y of every batch: the write-time check must refuse
+    every file, naming y, the id and vocab_size."""
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        b = super().sample_batch(split, rng)
+        b["y"][0, 0] = 1000
+        return b
+
+
 class WrongSchemaProvider(TinyProvider):
     """Returns y with the wrong dtype: the worker must refuse it, naming the field."""
 
@@ -123,6 +133,11 @@ class StreamProvider(TinyProvider):
 
     def _start(self) -> int:
         return self.context.worker_index * 1_000_000
+
+    def build_meta(self) -> dict[str, Any]:
+        meta = super().build_meta()
+        meta["vocab_size"] = 1 << 31  # the counter is the id: every value a test reaches
+        return meta
 
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         n = self.batch_size * self.width

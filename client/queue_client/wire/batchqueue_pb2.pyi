@@ -35,7 +35,7 @@ class GetMetaRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class GetMetaResponse(_message.Message):
-    __slots__ = ("dataset", "meta_json", "training_type", "batch_size", "batches_per_file", "data_root", "mode", "splits", "lease_ttl_ms")
+    __slots__ = ("dataset", "meta_json", "training_type", "batch_size", "batches_per_file", "data_root", "mode", "splits", "lease_ttl_ms", "data_root_id")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     META_JSON_FIELD_NUMBER: _ClassVar[int]
     TRAINING_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class GetMetaResponse(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     SPLITS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ROOT_ID_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     meta_json: str
     training_type: str
@@ -54,7 +55,8 @@ class GetMetaResponse(_message.Message):
     mode: str
     splits: _containers.RepeatedScalarFieldContainer[str]
     lease_ttl_ms: int
-    def __init__(self, dataset: _Optional[str] = ..., meta_json: _Optional[str] = ..., training_type: _Optional[str] = ..., batch_size: _Optional[int] = ..., batches_per_file: _Optional[int] = ..., data_root: _Optional[str] = ..., mode: _Optional[str] = ..., splits: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+    data_root_id: str
+    def __init__(self, dataset: _Optional[str] = ..., meta_json: _Optional[str] = ..., training_type: _Optional[str] = ..., batch_size: _Optional[int] = ..., batches_per_file: _Optional[int] = ..., data_root: _Optional[str] = ..., mode: _Optional[str] = ..., splits: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., data_root_id: _Optional[str] = ...) -> None: ...
 
 class GetSchemaRequest(_message.Message):
     __slots__ = ("dataset", "split")
@@ -301,3 +303,23 @@ class PingResponse(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     payload: bytes
     def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
+
+class FetchFileRequest(_message.Message):
+    __slots__ = ("lease_id", "client_id")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    client_id: str
+    def __init__(self, lease_id: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class FileChunk(_message.Message):
+    __slots__ = ("offset_bytes", "data", "size_bytes", "crc32")
+    OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    offset_bytes: int
+    data: bytes
+    size_bytes: int
+    crc32: int
+    def __init__(self, offset_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., crc32: _Optional[int] = ...) -> None: ...

@@ -79,6 +79,11 @@ class BatchQueueStub:
                 request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumRequest.SerializeToString,
                 response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumResponse.FromString,
                 _registered_method=True)
+        self.FetchFile = channel.unary_stream(
+                '/batchqueue.v1.BatchQueue/FetchFile',
+                request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.FetchFileRequest.SerializeToString,
+                response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.FileChunk.FromString,
+                _registered_method=True)
 
 
 class BatchQueueServicer:
@@ -154,6 +159,19 @@ class BatchQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchFile(self, request, context):
+        """Streams the file of a lease that client_id holds, for a client that cannot see the data
+        root: chunks of at most 1 MiB in order, the first carrying the file's size and crc32 (as
+        in the Lease). The client checks both over what it assembled; on a mismatch it fetches
+        once more, then releases the lease as CORRUPT. Only the lease's own file is ever read.
+        NOT_FOUND for an unknown lease, FAILED_PRECONDITION for a lease of another client,
+        DATA_LOSS when the file is gone from disk. Safe to retry while the lease is held: every
+        call streams the whole file from offset 0.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BatchQueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +219,11 @@ def add_BatchQueueServicer_to_server(servicer, server):
                     servicer.SetCurriculum,
                     request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumRequest.FromString,
                     response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumResponse.SerializeToString,
+            ),
+            'FetchFile': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchFile,
+                    request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.FetchFileRequest.FromString,
+                    response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.FileChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -446,6 +469,33 @@ class BatchQueue:
             '/batchqueue.v1.BatchQueue/SetCurriculum',
             queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumRequest.SerializeToString,
             queue__client_dot_wire_dot_batchqueue__pb2.SetCurriculumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/batchqueue.v1.BatchQueue/FetchFile',
+            queue__client_dot_wire_dot_batchqueue__pb2.FetchFileRequest.SerializeToString,
+            queue__client_dot_wire_dot_batchqueue__pb2.FileChunk.FromString,
             options,
             channel_credentials,
             insecure,

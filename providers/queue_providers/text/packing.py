@@ -81,39 +81,38 @@ def pack_sequential(
     return windows, tokens[used:].copy(), carry_lengths
 
 
-def _best_fit(lengths: np.ndarray, seq_len: int, group: int = PACK_GROUP) -> list[list[int]]:
-    """Bins of piece indices. Pieces are taken `group` at a time in block order, longest first
-    within a group, each into the fullest open bin it fits (best fit); all bins stay open.
+def _best_fit(lengths: np.ndarray, seq_len: int, group: int = PACK_GROUP) -> np.ndarray:
+    """The bin of each piece, bins numbered in the order they open. Pieces are taken `group`
+    at a time in block order, longest first within a group, each into the fullest open bin it
+    fits (best fit; ties: the bin opened first); all bins stay open.
 
     Sorting only within groups keeps nearly all of best-fit-decreasing's density while the
     bins' make-up follows the shuffled order, so a new epoch brings new windows, not the same
-    ones reordered.
+    ones reordered. Each placement depends on all the ones before it, so this is the one loop
+    of packing: once per document piece, never per token or per window.
     """
-    order = _group_order(lengths, group)
-    bins: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (room left, bin index), sorted
-    for i in order.tolist():
-        size = int(lengths[i])
+    sizes = lengths.tolist()
+    bin_of = [0] * len(sizes)
+    opened = 0
+    free: list[tuple[int, int]] = []  # (room left, bin), sorted
+    for i in _group_order(lengths, group).tolist():
+        size = sizes[i]
         k = bisect.bisect_left(free, (size, -1))
         if k < len(free):
             room, b = free.pop(k)
-            bins[b].append(i)
-            if room - size > 0:
-                bisect.insort(free, (room - size, b))
+            room -= size
         else:
-            bins.append([i])
-            if seq_len - size > 0:
-                bisect.insort(free, (seq_len - size, len(bins) - 1))
-    return bins
+            b, room = opened, seq_len - size
+            opened += 1
+        if room > 0:
+            bisect.insort(free, (room, b))
+        bin_of[i] = b
+    return np.asarray(bin_of, dtype=np.int64)
 
 
 def _group_order(lengths: np.ndarray, group: int) -> np.ndarray:
     """Indices in block order, `group` at a time, longest first (stable) within each group."""
-    parts = [
-        g + np.argsort(-lengths[g : g + group], kind="stable")
-        for g in range(0, len(lengths), group)
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return np.lexsort((-lengths, np.arange(len(lengths)) // group))
 
 
 def pack_bin(
@@ -126,23 +125,26 @@ def pack_bin(
 ) -> Windows:
     """Whole documents best-fit into windows, long ones split; windows shuffled by `rng`."""
     labels = next_token_labels(tokens, lengths)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    starts = (np.cumsum(lengths) - lengths).astype(np.int64)
     full = lengths // seq_len
     rest = lengths - full * seq_len
-    # Full-length pieces: one window each.
+    # Full-length pieces: one window each, first.
     full_starts = np.repeat(starts, full) + seq_len * _ranks(full)
-    # The shorter last pieces, packed best-fit.
+    # The shorter last pieces, best-fit into the windows after those.
     has_rest = rest > 0
-    piece_starts = (starts + full * seq_len)[has_rest]
-    piece_lengths = rest[has_rest]
-    bins = _best_fit(piece_lengths, seq_len)
-    win_pieces: list[list[tuple[int, int]]] = [[(int(s), seq_len)] for s in full_starts.tolist()]
-    for b in bins:
-        b.sort()  # block order inside a window
-        win_pieces.append([(int(piece_starts[i]), int(piece_lengths[i])) for i in b])
+    bin_of = _best_fit(rest[has_rest], seq_len)
+    n_full = len(full_starts)
+    n_windows = n_full + (int(bin_of.max()) + 1 if len(bin_of) else 0)
+    src = np.concatenate([full_starts, (starts + full * seq_len)[has_rest]])
+    size = np.concatenate([np.full(n_full, seq_len, dtype=np.int64), rest[has_rest]])
+    window = np.concatenate([np.arange(n_full, dtype=np.int64), n_full + bin_of])
     if rng is not None:
-        win_pieces = [win_pieces[i] for i in rng.permutation(len(win_pieces)).tolist()]
-    return _fill(tokens, labels, win_pieces, seq_len, pad_id)
+        # Window j goes to the place where the permutation names it.
+        place = np.empty(n_windows, dtype=np.int64)
+        place[rng.permutation(n_windows)] = np.arange(n_windows)
+        window = place[window]
+    order = np.lexsort((src, window))  # by window, and in block order inside a window
+    return _fill(tokens, labels, window[order], src[order], size[order], n_windows, seq_len, pad_id)
 
 
 def _ranks(counts: np.ndarray) -> np.ndarray:
@@ -157,33 +159,30 @@ def _ranks(counts: np.ndarray) -> np.ndarray:
 def _fill(
     tokens: np.ndarray,
     labels: np.ndarray,
-    win_pieces: list[list[tuple[int, int]]],
+    window: np.ndarray,
+    src: np.ndarray,
+    size: np.ndarray,
+    n_windows: int,
     seq_len: int,
     pad_id: int,
 ) -> Windows:
-    n = len(win_pieces)
-    src, dst, seg, length = [], [], [], []
-    for w, pieces in enumerate(win_pieces):
-        pos = w * seq_len
-        for k, (start, size) in enumerate(pieces, start=1):
-            src.append(start)
-            dst.append(pos)
-            seg.append(k)
-            length.append(size)
-            pos += size
-    lens = np.asarray(length, dtype=np.int64)
-    within = _ranks(lens)
-    src_idx = np.repeat(np.asarray(src, dtype=np.int64), lens) + within
-    dst_idx = np.repeat(np.asarray(dst, dtype=np.int64), lens) + within
-    input_ids = np.full(n * seq_len, pad_id, dtype=np.int32)
-    out_labels = np.full(n * seq_len, IGNORE, dtype=np.int32)
-    segment_ids = np.zeros(n * seq_len, dtype=np.int32)
-    mask = np.zeros(n * seq_len, dtype=bool)
+    """Windows holding the pieces (src, size), which come sorted by window and then by their
+    place inside it: each piece right after the one before it, numbered from 1, then padding."""
+    seg = _ranks(np.bincount(window, minlength=n_windows)).astype(np.int32) + 1
+    before = np.cumsum(size) - size  # where each piece starts in all windows' content
+    window_first = np.maximum.accumulate(np.where(seg == 1, before, 0)) if len(seg) else before
+    within = _ranks(size)
+    src_idx = np.repeat(src, size) + within
+    dst_idx = np.repeat(window * seq_len + before - window_first, size) + within
+    input_ids = np.full(n_windows * seq_len, pad_id, dtype=np.int32)
+    out_labels = np.full(n_windows * seq_len, IGNORE, dtype=np.int32)
+    segment_ids = np.zeros(n_windows * seq_len, dtype=np.int32)
+    mask = np.zeros(n_windows * seq_len, dtype=bool)
     input_ids[dst_idx] = tokens[src_idx]
     out_labels[dst_idx] = labels[src_idx]
-    segment_ids[dst_idx] = np.repeat(np.asarray(seg, dtype=np.int32), lens)
+    segment_ids[dst_idx] = np.repeat(seg, size)
     mask[dst_idx] = True
-    shape = (n, seq_len)
+    shape = (n_windows, seq_len)
     return Windows(
         input_ids.reshape(shape),
         out_labels.reshape(shape),

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from queue_providers.base import derive_seed
+from queue_providers.seeding import derive_seed
 from queue_providers.text.errors import CorpusError
 from queue_providers.text.files import SourceFile
 from queue_providers.text.packing import Windows, pack_bin, pack_sequential

@@ -10,7 +10,7 @@ Three kinds:
 `encode_docs(texts)` returns one flat int32 array holding each document's ids followed by EOS,
 and the lengths (EOS included): numpy per document, never a Python loop per token.
 
-The snapshot (dataset_dir/tokenizer/) is written when meta is first built and is what every
+The snapshot (the dataset's tokenizer/ directory, layout.tokenizer_dir) is written when meta is first built and is what every
 worker loads, so a restart tokenizes identically even if the corpus or the tokenizer file
 changed meanwhile; a tokenizer_path whose content differs from the snapshot is refused rather
 than silently ignored.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,9 +28,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from queue_client.errors import ConfigError, MetaError
+from queue_client.layout import TOKENIZER_DIR, DatasetLayout, atomic_write
 
 KINDS = ("byte", "char", "hf")
-SNAPSHOT_DIR = "tokenizer"
 INFO_FILE = "snapshot.json"
 HF_FILE = "tokenizer.json"
 # Tried in order when eos_token is not given.
@@ -157,15 +156,6 @@ class HFTokenizer:
 # ---- snapshot -----------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -177,7 +167,7 @@ def _info_of(tok: TextTokenizer, digest: str) -> dict[str, Any]:
         "eos_id": tok.eos_id,
         "pad_id": tok.pad_id,
         "sha256": digest,
-        "snapshot": SNAPSHOT_DIR,
+        "snapshot": TOKENIZER_DIR,
     }
 
 
@@ -190,7 +180,7 @@ def _snapshot_digest(snap: Path, kind: str) -> str:
 
 def prepare_tokenizer(
     kind: str,
-    dataset_dir: Path,
+    layout: DatasetLayout,
     *,
     tokenizer_path: str | None,
     eos_token: str | None,
@@ -203,7 +193,7 @@ def prepare_tokenizer(
     """
     if kind not in KINDS:
         raise ConfigError(f"tokenizer must be one of {list(KINDS)}, got {kind!r}")
-    snap = Path(dataset_dir) / SNAPSHOT_DIR
+    snap = layout.tokenizer_dir
     info_path = snap / INFO_FILE
     if info_path.exists():
         info = json.loads(info_path.read_text())
@@ -238,9 +228,9 @@ def prepare_tokenizer(
         tok = HFTokenizer(Path(tokenizer_path), eos_token)
     snap.mkdir(parents=True, exist_ok=True)
     if kind == "hf":
-        _write_atomic(snap / HF_FILE, Path(tokenizer_path).read_bytes())  # type: ignore[arg-type]
+        atomic_write(snap / HF_FILE, Path(tokenizer_path).read_bytes())  # type: ignore[arg-type]
     record = {k: v for k, v in tok.describe().items() if k != "special_tokens"}
-    _write_atomic(info_path, json.dumps(record, sort_keys=True).encode())
+    atomic_write(info_path, json.dumps(record, sort_keys=True).encode())
     return tok, _info_of(tok, _snapshot_digest(snap, kind))
 
 
@@ -255,9 +245,14 @@ def _from_snapshot(snap: Path, record: Mapping[str, Any]) -> TextTokenizer:
     raise MetaError(f"{snap / INFO_FILE}: unknown tokenizer kind {kind!r}")
 
 
-def load_tokenizer(dataset_dir: Path, info: Mapping[str, Any]) -> TextTokenizer:
+def load_tokenizer(layout: DatasetLayout, info: Mapping[str, Any]) -> TextTokenizer:
     """The snapshotted tokenizer that meta describes; refuses a snapshot changed since."""
-    snap = Path(dataset_dir) / info.get("snapshot", SNAPSHOT_DIR)
+    snap = layout.tokenizer_dir
+    if info.get("snapshot", TOKENIZER_DIR) != TOKENIZER_DIR:
+        raise MetaError(
+            f"meta names tokenizer snapshot {info['snapshot']!r}; text_lm keeps it in "
+            f"{TOKENIZER_DIR!r} of the dataset: rebuild meta"
+        )
     try:
         record = json.loads((snap / INFO_FILE).read_text())
         digest = _snapshot_digest(snap, info["kind"])

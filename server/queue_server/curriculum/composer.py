@@ -20,17 +20,17 @@ worker process, never on the server's event loop; a change of alpha is used by t
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from queue_client.batchfile import BatchFile, PublishedFile, load_batch_file, write_batch_file
+from queue_client.layout import atomic_write
 from queue_server.curriculum.corpus import kl_divergence
-from queue_server.curriculum.schedule import AlphaSchedule, alpha_for
+from queue_server.curriculum.schedule import alpha_for
+from queue_server.curriculum.settings import ComposerSettings
 
 _EPS = 1e-9
 # Columns of the dense part of the scores (see _Parts): 1000 batches x 4096 float64 = 32 MB.
@@ -38,62 +38,6 @@ _MAX_DENSE = 4096
 SNAPSHOT_VERSION = 1
 # The composer's integer state, in snapshot order after the version.
 _SNAPSHOT_COUNTERS = ("served_tokens", "next_candidate", "plans", "ingested", "culled", "picked")
-
-
-@dataclass(frozen=True)
-class ComposerSettings:
-    vocab_size: int
-    batches_per_file: int  # K: batches per served file
-    candidate_batches_per_file: int
-    capacity: int  # candidate batches kept in the buffer
-    oversample: float  # candidate batches ingested per served batch
-    schedule: AlphaSchedule = field(default_factory=AlphaSchedule)
-
-    @property
-    def files_per_plan(self) -> int:
-        """Candidate files ingested per served file: at least K batches, oversample times."""
-        return max(
-            1, math.ceil(self.oversample * self.batches_per_file / self.candidate_batches_per_file)
-        )
-
-    @property
-    def initial_files(self) -> int:
-        return math.ceil(self.capacity / self.candidate_batches_per_file)
-
-    @property
-    def max_age(self) -> int:
-        """Served files a candidate may wait before it is culled: two turns of the buffer.
-        This is what lets every candidate file retire, so the disk stays bounded."""
-        per_plan = self.files_per_plan * self.candidate_batches_per_file
-        return math.ceil(2 * self.capacity / per_plan) + 1
-
-    @property
-    def candidate_backlog(self) -> int:
-        """Candidate files allowed ahead of the oldest one the buffer still holds: the
-        buffer's widest span (the first fill, then max_age files' worth of ingests) plus the
-        next file's ingest, made ahead of need."""
-        return self.initial_files + self.files_per_plan * (self.max_age + 2)
-
-    def to_json(self) -> dict:
-        return {
-            "vocab_size": self.vocab_size,
-            "batches_per_file": self.batches_per_file,
-            "candidate_batches_per_file": self.candidate_batches_per_file,
-            "capacity": self.capacity,
-            "oversample": self.oversample,
-            "schedule": self.schedule.to_json(),
-        }
-
-    @classmethod
-    def from_json(cls, raw: Mapping) -> ComposerSettings:
-        return cls(
-            int(raw["vocab_size"]),
-            int(raw["batches_per_file"]),
-            int(raw["candidate_batches_per_file"]),
-            int(raw["capacity"]),
-            float(raw["oversample"]),
-            AlphaSchedule.from_json(raw["schedule"]),
-        )
 
 
 @dataclass
@@ -273,6 +217,11 @@ class Composer:
     def kl_to_target(self) -> float:
         return kl_divergence(self.served.astype(np.float64), self.target(self.alpha))
 
+    def buffered_histograms(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The token histogram (ids, counts) of every batch in the buffer, in buffer order:
+        what a full rescoring of the buffer reads (bench row 8 times one beside a pick)."""
+        return [self._file(int(c)).hist(int(i)) for c, i in zip(self.cand, self.index, strict=True)]
+
     # ---- composing -----------------------------------------------------------------------
     def compose(self, seq: int, world_size: int, overrides: Sequence[Sequence]) -> Composition:
         if seq != self.plans:
@@ -367,20 +316,15 @@ class Composer:
         scalars = np.array(
             [SNAPSHOT_VERSION, *(getattr(self, name) for name in _SNAPSHOT_COUNTERS)], np.int64
         )
-        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-        with open(tmp, "wb") as f:
-            np.savez(
-                f,
-                scalars=scalars,
-                alpha=np.array([self.alpha]),
-                served=self.served,
-                cand=self.cand,
-                index=self.index,
-                born=self.born,
-            )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        arrays = {
+            "scalars": scalars,
+            "alpha": np.array([self.alpha]),
+            "served": self.served,
+            "cand": self.cand,
+            "index": self.index,
+            "born": self.born,
+        }
+        atomic_write(path, lambda f: np.savez(f, **arrays))
 
     def restore(self, path: Path) -> None:
         with np.load(path, allow_pickle=False) as z:

@@ -1,5 +1,6 @@
 """The corpus token distribution: estimated once from a sample spread over all of the data,
-then cached in the dataset dir under a key of what it depends on.
+then cached in the dataset dir under a key of what it depends on
+(`DatasetLayout.corpus_cache_file`).
 
 The key covers the data's identity (files, sizes, mtimes, provider args), the sample size, the
 scored field and the tokenizer (every vocabulary key of meta), so changing any of them
@@ -12,16 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from queue_client.layout import atomic_write
+
 log = logging.getLogger("queue_server.curriculum")
 
-CURRICULUM_DIR = "curriculum"
 _TOKENIZER_KEYS = ("vocab", "stoi", "itos", "tokenizer", "special", "eos", "bos", "pad", "mask")
 
 
@@ -45,10 +46,6 @@ def cache_key(
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def cache_path(dataset_dir: Path, key: str) -> Path:
-    return Path(dataset_dir) / CURRICULUM_DIR / f"corpus-{key}.npy"
-
-
 def load_or_estimate(
     path: Path,
     count: Callable[[Callable[[int], None]], Any],
@@ -70,12 +67,7 @@ def load_or_estimate(
         raise ValueError(f"{what}: the corpus sample holds no tokens")
     dist = counts / total
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    with open(tmp, "wb") as f:
-        np.save(f, dist, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: np.save(f, dist, allow_pickle=False))
     log.info("%s: corpus distribution of %d tokens cached in %s", what, int(total), path.name)
     return dist
 

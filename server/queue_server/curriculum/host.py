@@ -16,26 +16,26 @@ from typing import Any
 
 import numpy as np
 
-from queue_client.batchfile import queue_dir
+from queue_client.layout import (
+    DatasetLayout,
+    composer_snapshot_name,
+    composer_snapshot_seq,
+    remove_temp_files,
+)
 from queue_client.meta import meta_from_json
 from queue_providers import DataProviderBase
 from queue_server.curriculum.composer import Composer, ComposerSettings
-from queue_server.curriculum.corpus import CURRICULUM_DIR, cache_key, cache_path, load_or_estimate
-from queue_server.worker import produced_reply
+from queue_server.curriculum.corpus import cache_key, load_or_estimate
+from queue_server.production.replies import produced_reply
 
 _SNAPSHOTS_KEPT = 3
-
-
-def snapshot_dir(dataset_dir: Path, split: str) -> Path:
-    return Path(dataset_dir) / CURRICULUM_DIR / split
 
 
 class ComposerHost:
     def __init__(self, provider: DataProviderBase, data_root: Path, dataset: str) -> None:
         self.provider = provider
-        self.data_root = data_root
         self.dataset = dataset
-        self.dataset_dir = data_root / dataset
+        self.layout = DatasetLayout(data_root, dataset)
         self.composer: Composer | None = None
         self.split = ""
 
@@ -64,13 +64,14 @@ class ComposerHost:
             return counts.numpy()
 
         corpus = load_or_estimate(
-            cache_path(self.dataset_dir, key), count, n_tokens, f"{self.dataset}/{self.split}"
+            self.layout.corpus_cache_file(key), count, n_tokens, f"{self.dataset}/{self.split}"
         )
         self.composer = Composer(settings, corpus)
         self._snapshots().mkdir(parents=True, exist_ok=True)
+        remove_temp_files(self._snapshots())  # one composer per split: any temp is a dead one's
         snapshot = req.get("snapshot")
         if snapshot:
-            path = self._snapshots() / snapshot
+            path = self.layout.composer_snapshot_file(self.split, snapshot)
             if not path.exists():
                 raise FileNotFoundError(
                     f"composer snapshot {path} is missing: the curriculum of "
@@ -95,8 +96,8 @@ class ComposerHost:
         result = composer.compose(seq, int(req["world_size"]), req.get("overrides", []))
         published = composer.write(self._queue(), seq, result.picks, result.alphas)
         composer.detach_unheld()
-        name = f"composer-{seq:010d}.npz"
-        composer.save(self._snapshots() / name)
+        name = composer_snapshot_name(seq)
+        composer.save(self.layout.composer_snapshot_file(self.split, name))
         self._prune_snapshots(seq)
         before = {"picks": result.picks, "alphas": [round(a, 6) for a in result.alphas]}
         return {
@@ -116,16 +117,13 @@ class ComposerHost:
         return produced_reply(seq, published, {"picks": req["picks"], "alphas": req["alphas"]}, {})
 
     def _queue(self) -> Path:
-        return queue_dir(self.data_root, self.dataset, self.split)
+        return self.layout.queue_dir(self.split)
 
     def _snapshots(self) -> Path:
-        return snapshot_dir(self.dataset_dir, self.split)
+        return self.layout.composer_snapshot_dir(self.split)
 
     def _prune_snapshots(self, seq: int) -> None:
-        for path in self._snapshots().glob("composer-*.npz"):
-            try:
-                old = int(path.stem.split("-")[1])
-            except (IndexError, ValueError):
-                continue
-            if old <= seq - _SNAPSHOTS_KEPT:
+        for path in self._snapshots().iterdir():
+            old = composer_snapshot_seq(path.name)
+            if old is not None and old <= seq - _SNAPSHOTS_KEPT:
                 path.unlink(missing_ok=True)

@@ -1,4 +1,5 @@
-"""A provider worker process as seen from the event loop: start, one request at a time, stop.
+"""One provider worker process as the server's event loop sees it: start, one request at a
+time, stop. (The code that runs inside it is worker_main.py; the pool of them is process_pool.py.)
 
 Workers come from a multiprocessing forkserver that preloads torch and the providers, so
 starting or restarting one costs a fork, not a fresh interpreter. Each talks JSON lines over a
@@ -19,7 +20,7 @@ from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("queue_server.workers")
+log = logging.getLogger("queue_server.worker_process")
 
 # Stream states (a text provider's packer buffer) can be large; one line must fit.
 _LINE_LIMIT = 256 * 1024 * 1024
@@ -30,7 +31,7 @@ def _forkserver() -> ForkServerContext:
     global _context
     if _context is None:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["queue_server.worker"])
+        ctx.set_forkserver_preload(["queue_server.production.worker_main"])
         _context = ctx
     return _context
 
@@ -71,7 +72,7 @@ class WorkerProcess:
         return self._proc.pid if self._proc is not None else None
 
     async def start(self) -> dict[str, Any]:
-        from queue_server.worker import run_over_socket
+        from queue_server.production.worker_main import run_over_socket
 
         parent, child = socket.socketpair()
         proc = _forkserver().Process(

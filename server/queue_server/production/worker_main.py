@@ -1,16 +1,19 @@
-"""The provider worker process, driven over a socket by the server's event loop.
+"""The code that runs inside a provider worker process, driven over a socket by the server.
 
 Workers are forked from a forkserver that imported torch and the providers once, so a worker
 starts in milliseconds rather than seconds, and no worker inherits the server's gRPC threads.
 The server writes one JSON request per line and reads one JSON reply per line. Requests:
 
     {"op": "init", "dataset": ..., "provider": ..., "args": {...}, ...}   -> {"ok": true}
-    {"op": "meta"}                                                      -> {"ok": true, "meta_json": ...}
+    {"op": "meta"}                                      -> {"ok": true, "meta_json": ..., "inputs": {...}}
+    {"op": "check_inputs", "inputs": {...}, "fingerprint": f}          -> {"ok": true, "fingerprint": f}
     {"op": "set_meta", "meta_json": ..., "state": {...} | null}         -> {"ok": true}
     {"op": "produce", "split": s, "seq": n, "state": {...} | null}      -> {"ok": true, "name": ..., ...}
-    {"op": "curriculum_init" | "compose" | "materialize", ...}          see curriculum/host.py
+    {"op": "curriculum_init" | "compose" | "materialize", ...}          see queue_server/curriculum/host.py
 
 A produce with "into": "candidates" publishes into the split's candidates dir (curriculum).
+A produce with "publish": false makes the file's batches and drops them: the stream moves past
+the seq and the reply has the states, with name "" (another node's seq, docs/multi-node.md).
 
 A produce with a state produces that seq again from the journaled state and then restores
 the worker's forward stream, so re-producing an old seq never disturbs the next new one.
@@ -32,9 +35,11 @@ from typing import Any
 # Imported here so that the forkserver, which preloads this module, holds them ready to fork.
 import torch
 
-from queue_client.batchfile import PublishedFile, candidates_dir, queue_dir
+from queue_client.layout import DatasetLayout
 from queue_client.meta import meta_from_json, meta_to_json
 from queue_providers import DataProviderBase, ProviderContext, create
+from queue_providers.inputs import check_inputs, describe_inputs
+from queue_server.production.replies import produced_reply
 
 
 def run_over_socket(sock: socket.socket, cwd: str) -> None:
@@ -48,21 +53,6 @@ def run_over_socket(sock: socket.socket, cwd: str) -> None:
         for stream in (requests, replies, sock):
             with contextlib.suppress(OSError):
                 stream.close()
-
-
-def produced_reply(
-    seq: int, published: PublishedFile, before: dict[str, Any], after: dict[str, Any]
-) -> dict[str, Any]:
-    """The reply to a produce: what the split queue journals (state before and after)."""
-    return {
-        "ok": True,
-        "seq": seq,
-        "name": str(published.name),
-        "bytes": published.size_bytes,
-        "crc": published.crc32,
-        "before": before,
-        "after": after,
-    }
 
 
 def _exit_when_server_goes(sock: socket.socket) -> None:
@@ -130,7 +120,15 @@ def _loop(requests: Any, reply: Any) -> None:
                 reply({"ok": True, "stateful": stateful})
             elif op == "meta":
                 assert provider is not None, "init first"
-                reply({"ok": True, "meta_json": meta_to_json(provider.complete_meta())})
+                inputs = describe_inputs(provider.input_files())
+                meta_json = meta_to_json(provider.complete_meta(inputs))
+                reply({"ok": True, "meta_json": meta_json, "inputs": inputs})
+            elif op == "check_inputs":  # a ConfigError naming the changed file if one changed
+                assert provider is not None, "init first"
+                check_inputs(
+                    provider.input_files(), req["inputs"], req["fingerprint"], dataset=dataset
+                )
+                reply({"ok": True, "fingerprint": req["fingerprint"]})
             elif op == "set_meta":
                 assert provider is not None, "init first"
                 provider.set_meta(meta_from_json(req["meta_json"]))
@@ -145,12 +143,30 @@ def _loop(requests: Any, reply: Any) -> None:
                     forward = provider.state_dict(split)
                     provider.load_state_dict(split, state)
                 before = provider.state_dict(split)
-                where = candidates_dir if req.get("into") == "candidates" else queue_dir
-                published = provider.produce_file(split, seq, where(root, dataset, split))
+                published = None
+                if req.get("publish", True):
+                    layout = DatasetLayout(root, dataset)
+                    directory = layout.files_dir(split, candidates=req.get("into") == "candidates")
+                    published = provider.produce_file(split, seq, directory)
+                else:
+                    provider.make_file(split, seq)  # the stream moves past seq; bytes dropped
                 after = provider.state_dict(split)
                 if forward is not None:
                     provider.load_state_dict(split, forward)
-                reply(produced_reply(seq, published, before, after))
+                if published is None:
+                    reply(
+                        {
+                            "ok": True,
+                            "seq": seq,
+                            "name": "",
+                            "bytes": 0,
+                            "crc": 0,
+                            "before": before,
+                            "after": after,
+                        }
+                    )
+                else:
+                    reply(produced_reply(seq, published, before, after))
             elif op in ("curriculum_init", "compose", "materialize"):
                 assert provider is not None and root is not None, "init first"
                 if host is None:

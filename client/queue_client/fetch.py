@@ -1,0 +1,122 @@
+"""Batch files over the network, for a trainer that cannot see the server's data root.
+
+FetchFile streams a leased file in chunks; the client joins them in memory, checks size and
+crc32 against the lease, and loads the bytes with the same safe loader as a file on disk
+(`batchfile.load_batch_bytes`: nothing in them can run code). The prefetch thread does this
+one file ahead, where a file on disk would be mapped and verified, so get_batch in steady
+state still makes no RPC.
+
+Memory: a file's bytes live only while it loads; its tensors are copies and stay instead. A
+split holds the file being read and the prefetched one, so a client holds at most two files
+of tensors per split, and one file's bytes more while the next one loads. `max_bytes`
+refuses a bigger file before anything is allocated.
+
+Which transport: "auto" reads files when the client's data_root holds the root id that the
+server publishes in GetMeta (the very same directory: a path alone may name another disk on
+another host), and streams them otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import zlib
+from pathlib import Path
+
+from queue_client.errors import CorruptBatchFile, InvalidRequest
+from queue_client.layout import root_id_file
+from queue_client.rpc import Rpc
+from queue_client.wire import batchqueue_pb2 as pb
+
+log = logging.getLogger("queue_client")
+
+TRANSPORTS = ("auto", "file", "grpc")
+# A file that fails its checksum is fetched once more (the fault may have been in transit);
+# a second failure is reported, and the caller releases the lease as CORRUPT.
+CHECKSUM_ATTEMPTS = 2
+
+
+def check_transport(transport: str) -> str:
+    if transport not in TRANSPORTS:
+        raise InvalidRequest(f"transport {transport!r} is not one of {TRANSPORTS}")
+    return transport
+
+
+def read_root_id(root: Path) -> str:
+    """The id in `root`'s root id file; "" when this process cannot read one there."""
+    try:
+        return root_id_file(root).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def choose_transport(transport: str, data_root: Path, server_root_id: str) -> str:
+    """The transport to use, "file" or "grpc", for the one asked; "auto" means "file"
+    when `data_root` is the server's own data root (it holds the id the server published)."""
+    if check_transport(transport) != "auto":
+        return transport
+    if not server_root_id:
+        return "file"  # a server without FetchFile publishes no id: files are the only way
+    return "file" if read_root_id(data_root) == server_root_id else "grpc"
+
+
+class FileFetcher:
+    """Streams leased files of one client into memory, verified."""
+
+    def __init__(self, rpc: Rpc, client_id: str, *, max_bytes: int, timeout_s: float) -> None:
+        if not isinstance(max_bytes, int) or max_bytes < 1:
+            raise InvalidRequest(f"max_fetch_bytes {max_bytes!r} must be an integer >= 1")
+        self._rpc = rpc
+        self.client_id = client_id
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+
+    def fetch(self, lease_id: str, size_bytes: int, crc32: int, where: str) -> bytes:
+        """The bytes of the file that lease `lease_id` holds, checked against the lease's size
+        and crc32. Raises CorruptBatchFile after CHECKSUM_ATTEMPTS failed fetches."""
+        if size_bytes > self.max_bytes:
+            raise InvalidRequest(
+                f"{where} has {size_bytes} bytes, more than max_fetch_bytes={self.max_bytes}: "
+                "raise QueueClient(max_fetch_bytes=...) or make files smaller (batches_per_file)"
+            )
+        for attempt in range(1, CHECKSUM_ATTEMPTS + 1):
+            try:
+                return self._fetch_once(lease_id, size_bytes, crc32, where)
+            except CorruptBatchFile as exc:
+                if attempt == CHECKSUM_ATTEMPTS:
+                    raise CorruptBatchFile(f"{exc} (fetched {attempt} times)") from None
+                log.warning("%s; fetching it again", exc)
+        raise AssertionError("unreachable")
+
+    def _fetch_once(self, lease_id: str, size_bytes: int, crc32: int, where: str) -> bytes:
+        request = pb.FetchFileRequest(lease_id=lease_id, client_id=self.client_id)
+        parts: list[bytes] = []
+        received = 0
+        stream = self._rpc.stream("FetchFile", request, timeout_s=self.timeout_s)
+        with contextlib.closing(stream):
+            for chunk in stream:
+                if not parts and (chunk.size_bytes, chunk.crc32) != (size_bytes, crc32):
+                    raise CorruptBatchFile(
+                        f"{where}: the server streams {chunk.size_bytes} bytes with crc32 "
+                        f"{chunk.crc32:#010x}; the lease says {size_bytes} with {crc32:#010x}"
+                    )
+                n = len(chunk.data)
+                if chunk.offset_bytes != received or received + n > size_bytes:
+                    raise CorruptBatchFile(
+                        f"{where}: a chunk of {n} bytes at offset {chunk.offset_bytes} does not "
+                        f"follow the {received} of {size_bytes} bytes received"
+                    )
+                parts.append(chunk.data)
+                received += n
+        if received != size_bytes:
+            raise CorruptBatchFile(
+                f"{where}: the stream ended after {received} of {size_bytes} bytes"
+            )
+        data = b"".join(parts)
+        parts.clear()
+        crc = zlib.crc32(data)
+        if crc != crc32:
+            raise CorruptBatchFile(
+                f"{where}: the fetched bytes have crc32 {crc:#010x}, the server wrote {crc32:#010x}"
+            )
+        return data

@@ -1,0 +1,68 @@
+"""Seeds derived from (seed, parts...), and torch generators that keep every bit of them.
+
+`torch.Generator().manual_seed(s)` keeps only the low 32 bits of `s` on the CPU: the Mersenne
+Twister's seeding (`mt19937_engine::init_with_uint32`) fills its 624-word state from
+`s & 0xffffffff`, although `initial_seed()` still reports all 64. Two files of a split whose
+63-bit derived seeds agree in those 32 bits would be the same file: n files hold about
+n**2 / 2**33 such pairs, one in the first 100,000 (seqs 16502 and 17600 of split "train"
+with seed 1337 are one). So `torch_generator` fills the whole state from the full seed
+instead, with the Twister authors' `init_by_array` (the seeding of Python's `random.seed(int)`,
+which takes the seed 32 bits at a time), and installs it with `Generator.set_state`: the
+generator then draws exactly the stream of `random.Random(seed)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["derive_seed", "torch_generator"]
+
+_MT_WORDS = 624
+# torch's CPU generator state is the byte image of CPUGeneratorImplState, the format that
+# torch.get_rng_state() saves in checkpoints: uint64 seed, int left, int seeded, uint64 next,
+# then the 624 Mersenne Twister words as 624 uint64, then cached normal samples.
+_STATE_BYTES = 5056
+_WORDS_AT = 24
+
+
+def derive_seed(seed: int, *parts: object) -> int:
+    """A 63-bit seed from (seed, parts...), stable across processes and Python versions."""
+    digest = hashlib.blake2b(repr((seed, *parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def mt19937_words(seed: int) -> np.ndarray:
+    """The 624 Mersenne Twister state words that init_by_array makes of all of `seed`."""
+    return np.array(random.Random(seed).getstate()[1][:_MT_WORDS], dtype=np.uint64)
+
+
+def torch_generator(seed: int) -> torch.Generator:
+    """A CPU torch.Generator whose whole state depends on all 64 bits of `seed`.
+
+    initial_seed() is `seed`, and the first draw twists the installed words, as after
+    manual_seed. Raises RuntimeError when this torch lays its generator state out otherwise.
+    """
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must lie in [0, 2**64), got {seed!r}")
+    gen = torch.Generator().manual_seed(seed)
+    state = gen.get_state()
+    raw = state.numpy()
+    words = raw[_WORDS_AT : _WORDS_AT + 8 * _MT_WORDS].view(np.uint64)
+    # Where manual_seed just wrote: the seed itself, and init_genrand's first word.
+    if (
+        raw.size != _STATE_BYTES
+        or int(raw[:8].view(np.uint64)[0]) != seed
+        or int(words[0]) != seed & 0xFFFFFFFF
+    ):
+        raise RuntimeError(
+            f"torch {torch.__version__} lays out its CPU generator state otherwise than "
+            f"queue_providers.seeding expects ({_STATE_BYTES} bytes, the Mersenne Twister words "
+            f"at byte {_WORDS_AT}); file seeds cannot be installed"
+        )
+    words[:] = mt19937_words(seed)
+    gen.set_state(state)
+    return gen

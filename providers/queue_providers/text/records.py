@@ -1,0 +1,154 @@
+"""JSONL lines and Parquet rows as documents (readers.py gives the key rules).
+
+A JSONL document is the string under `text_key` of one line's object; a Parquet document is
+the `text_key` column of one row. Lone surrogates that JSON escapes can spell ("\\ud800")
+count as invalid UTF-8 and follow `utf8_errors`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from queue_providers.text.errors import CorpusError
+from queue_providers.text.files import SourceFile
+from queue_providers.text.reading import (
+    Doc,
+    ReadOptions,
+    decode,
+    line_number,
+    next_line_start,
+    read_size,
+    too_large,
+)
+
+
+def iter_jsonl(
+    sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
+) -> Iterator[Doc]:
+    key_name = opts.text_key
+    with open(sf.path, "rb") as f:
+        pos = resume if resume is not None else next_line_start(f, start)
+        f.seek(pos)
+        tail = b""
+        while True:
+            data = f.read(read_size(opts, pos + len(tail), end))
+            eof = not data
+            block = tail + data
+            if eof:
+                lines = block.split(b"\n")
+                tail = b""
+            else:
+                lines = block.split(b"\n")
+                tail = lines.pop()
+                if len(tail) > opts.max_document_bytes:
+                    raise too_large(sf.path, pos, len(tail), opts)
+            for line in lines:
+                here = pos
+                pos += len(line) + 1
+                if here >= end:
+                    return
+                if not line or line.isspace():
+                    continue
+                if len(line) > opts.max_document_bytes:
+                    raise too_large(sf.path, here, len(line), opts)
+                text = _json_text(line, sf.path, here, key_name, opts)
+                if text and not text.isspace():
+                    yield here, text
+            if eof:
+                return
+
+
+def _json_text(line: bytes, path: Path, offset: int, key: str, opts: ReadOptions) -> str:
+    def where() -> str:
+        return f"{path}:{line_number(path, offset)}"
+
+    try:
+        try:
+            obj = json.loads(line)
+        except UnicodeDecodeError:
+            obj = json.loads(decode(line, opts, where(), offset))
+    except json.JSONDecodeError as exc:
+        raise CorpusError(f"{where()}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise CorpusError(
+            f"{where()}: expected a JSON object with key {key!r}, got a {type(obj).__name__}"
+        )
+    if key not in obj:
+        shown = sorted(obj)[:10]
+        raise CorpusError(f"{where()}: no key {key!r} (the object has keys {shown}; set text_key)")
+    text = obj[key]
+    if not isinstance(text, str):
+        raise CorpusError(
+            f"{where()}: key {key!r} holds a {type(text).__name__}, expected a string"
+        )
+    if not text.isascii():
+        text = _no_surrogates(text, opts, where)
+    return text
+
+
+def _no_surrogates(text: str, opts: ReadOptions, where: Callable[[], str]) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError as exc:
+        if opts.utf8_errors == "error":
+            raise CorpusError(
+                f"{where()}: the text holds a lone surrogate at character {exc.start}, which is not "
+                "valid UTF-8 (set utf8_errors='replace' to substitute U+FFFD)"
+            ) from None
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def iter_parquet(
+    sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
+) -> Iterator[Doc]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first = resume if resume is not None else start
+    with pq.ParquetFile(sf.path) as pf:
+        names = pf.schema_arrow.names
+        if opts.text_key not in names:
+            raise CorpusError(
+                f"{sf.path}: no column {opts.text_key!r} (columns: {names}; set text_key)"
+            )
+        kind = pf.schema_arrow.field(opts.text_key).type
+        if not (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+        ):
+            raise CorpusError(
+                f"{sf.path}: column {opts.text_key!r} has type {kind}, expected a string column"
+            )
+        row0 = 0
+        for rg in range(pf.metadata.num_row_groups):
+            rows = pf.metadata.row_group(rg).num_rows
+            if row0 + rows <= first:
+                row0 += rows
+                continue
+            if row0 >= end:
+                return
+            row = row0
+            for batch in pf.iter_batches(batch_size=2048, row_groups=[rg], columns=[opts.text_key]):
+                for value in batch.column(0).to_pylist():
+                    here = row
+                    row += 1
+                    if here < first:
+                        continue
+                    if here >= end:
+                        return
+                    if value is None:
+                        continue
+                    if isinstance(value, bytes):
+                        if len(value) > opts.max_document_bytes:
+                            raise too_large(sf.path, here, len(value), opts)
+                        value = decode(value, opts, f"{sf.path}: row {here}", 0)
+                    elif len(value) > opts.max_document_bytes:
+                        raise too_large(sf.path, here, len(value), opts)
+                    if value and not value.isspace():
+                        yield here, value
+            row0 += rows

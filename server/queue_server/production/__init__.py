@@ -1,0 +1,1 @@
+"""Making batch files: production decides which seq and when, a backend makes it."""

@@ -1,0 +1,347 @@
+"""Production of one split: giving each slot its next job, and publishing what was made.
+
+Which seq each slot makes next (forward, reproduce, windows, node-local advances) is the
+planner's business (planner.py). Here: a release or an acquire calls kick(), which gives every
+idle slot its next job at once (backpressure without polling); what comes back is journaled,
+then published to the split; failures back off (a full disk) or restart the slot.
+
+Which backend makes the file (worker processes here, Ray actors elsewhere, a curriculum
+composer) is the backend's business; nothing here depends on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from queue_server.background import BackgroundTasks
+from queue_server.journal import Advanced, Journal, Produced
+from queue_server.leases import LeaseTable
+from queue_server.production.backend import (
+    BackendUnavailable,
+    ProducedFile,
+    ProduceFailed,
+    ProduceJob,
+    ProductionBackend,
+    SlotDied,
+)
+from queue_server.production.planner import Job, Planner
+from queue_server.schedule import Schedule
+from queue_server.signal import Signal
+from queue_server.split_state import FileEntry, SplitState
+
+log = logging.getLogger("queue_server.production")
+
+# Errors that mean "the disk is full or read-only", not "the provider is broken": production
+# backs off and retries instead of counting a crash.
+DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+_DISK_BACKOFF_S = (0.2, 5.0)
+# Retries of a slot whose engine (a Ray cluster) is gone: soon at first, then every few seconds.
+_UNAVAILABLE_BACKOFF_S = (0.5, 5.0)
+
+
+class Production:
+    def __init__(
+        self,
+        where: str,
+        split: str,
+        backend: ProductionBackend,
+        state: SplitState,
+        schedule: Schedule,
+        leases: LeaseTable,
+        journal: Journal,
+        files_dir: Path,
+        changed: Signal,
+        *,
+        max_restarts: int,
+        on_fatal: Callable[[str], None],
+        job_overrides: Callable[[], tuple[tuple[int, float | None], ...]] = tuple,
+        on_unavailable: Callable[[str | None], None] = lambda reason: None,
+        verbose: bool = False,
+        can_advance: bool = True,
+    ) -> None:
+        self.where = where
+        self.split = split
+        self.backend = backend
+        self.state = state
+        self.schedule = schedule
+        self.leases = leases
+        self.journal = journal
+        self.files_dir = files_dir
+        self.changed = changed
+        self.max_restarts = max_restarts
+        self._on_fatal = on_fatal
+        self._job_overrides = job_overrides
+        self._on_unavailable = on_unavailable
+        self._unavailable_backoff_s = _UNAVAILABLE_BACKOFF_S[0]
+        self._unavailable = False
+        self.verbose = verbose
+        self.slots = backend.slots
+        self.plan = Planner(self.slots, schedule, state, can_advance=can_advance)
+        # Forward seq -> the state before it, when its journal line could not be written:
+        # the slot's stream is past it, so it is made again from that state.
+        self._unjournaled: dict[int, dict[str, Any]] = {}
+        self._busy: set[int] = set()
+        self._running: set[int] = set()
+        self._failures = 0
+        self._disk_backoff_until = 0.0
+        self._disk_backoff_s = _DISK_BACKOFF_S[0]
+        self._retry_armed = False
+        self._stopped = False
+        self._tasks = BackgroundTasks()
+        backend.on_slot_exit = self._exited_idle
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    @property
+    def stateful(self) -> bool:
+        return self.plan.stateful
+
+    def resume(self, last_forward: dict[int, tuple[int, int]]) -> None:
+        """Carry each slot's forward stream on after the last seq it journaled."""
+        self.plan.resume(last_forward)
+
+    async def start(self) -> None:
+        for slot in range(self.slots):
+            await self._start_slot(slot)
+        self.kick()
+
+    async def _start_slot(self, slot: int) -> None:
+        """Start a slot whose stream carries on after its last journaled forward file."""
+        nxt = self.plan.next_forward[slot]
+        last = max(
+            (
+                s
+                for s in itertools.chain(self.state.offsets, self.state.advanced)
+                if s % self.slots == slot and s < nxt
+            ),
+            default=None,
+        )
+        state = None
+        if last is not None:
+            offsets = self.state.offsets if last in self.state.offsets else self.state.advanced
+            _, state = await asyncio.to_thread(self.journal.read_states, offsets[last])
+        self.plan.stateful = await self.backend.start_slot(slot, state or None)
+        self._running.add(slot)
+
+    def stop(self) -> None:
+        """Make nothing more (the split closes or failed)."""
+        self._stopped = True
+
+    async def close(self) -> None:
+        self._stopped = True
+        await self._tasks.close()
+        await self.backend.close()
+
+    def kill(self) -> None:
+        self._stopped = True
+        self.backend.kill()
+
+    # ---- what to make -------------------------------------------------------------------
+    def want(self, seq: int, explicit: bool = False) -> None:
+        """Make sure seq will be on disk (Planner.want)."""
+        self.plan.want(seq, explicit)
+        self.kick()
+
+    def make_again(self, seq: int) -> None:
+        """A quarantined seq: make it again from its journaled state."""
+        self.plan.make_again(seq)
+
+    def earliest_unmade(self) -> int:
+        """The first seq of slot 0 that is not made or being made (a curriculum's next pick)."""
+        return self.plan.earliest_unmade()
+
+    def next_seq(self) -> int:
+        return self.plan.next_seq()
+
+    def kick(self) -> None:
+        """Give every idle slot its next job, if any is due."""
+        if self._stopped or self.state.leaving:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._disk_backoff_until:
+            # The timer that ends a backoff may fire a hair early (loops round to ms): re-arm.
+            self._arm_retry(self._disk_backoff_until - loop.time())
+            return
+        held: dict[int, int] | None = None
+        for slot in range(self.slots):
+            if slot in self._busy or slot not in self._running:
+                continue
+            if held is None:
+                held = self.leases.lowest_held()
+            unleased = len(self.state.files) - len(self.leases)
+            job = self.plan.next_job(slot, held, unleased)
+            if job is not None:
+                self._busy.add(slot)
+                self.plan.started(job)
+                self._tasks.spawn(self._produce(slot, job))
+
+    # ---- making it ----------------------------------------------------------------------
+    async def _produce(self, slot: int, job: Job) -> None:
+        seq = job.seq
+        try:
+            state = self._unjournaled.get(seq) if not job.again else None
+            if job.again:
+                state = {}
+                offset = self.state.offsets.get(seq, self.state.advanced.get(seq))
+                if offset is not None and self.stateful:
+                    state, _ = await asyncio.to_thread(self.journal.read_states, offset)
+            made = await self.backend.produce(
+                slot,
+                ProduceJob(
+                    self.split,
+                    seq,
+                    state,
+                    self.schedule.world_size,
+                    self._job_overrides(),
+                    publish=job.publish,
+                ),
+            )
+        except (ProduceFailed, SlotDied) as exc:
+            self.plan.finished(job, slot, journaled=False)
+            self._busy.discard(slot)
+            if isinstance(exc, ProduceFailed) and exc.errno in DISK_ERRNOS:
+                self._disk_trouble(seq, str(exc))
+            else:
+                await self._slot_failed(slot, f"seq {seq}: {exc}")
+            return
+        self._busy.discard(slot)
+        if not job.publish and made.name:
+            # A backend that ignores publish=False wrote the file: no rank here reads it.
+            await asyncio.to_thread((self.files_dir / made.name).unlink, missing_ok=True)
+        try:
+            offset = self.journal.append(self._record(slot, job, made))
+        except OSError as exc:
+            # Journal first, memory after: an unjournaled file is removed and made again
+            # later, so nothing is served that a restart would not know of.
+            if made.name:
+                await asyncio.to_thread((self.files_dir / made.name).unlink, missing_ok=True)
+            if not job.again:
+                self._unjournaled[seq] = made.state_before
+            self.plan.finished(job, slot, journaled=False)
+            self._disk_trouble(seq, f"cannot append to the journal {self.journal.path}: {exc}")
+            return
+        self.plan.finished(job, slot, journaled=True)
+        self._unjournaled.pop(seq, None)
+        self._failures = 0
+        self._disk_backoff_s = _DISK_BACKOFF_S[0]
+        self.state.last_disk_error = ""
+        if job.publish:
+            self._publish(seq, offset, made)
+        else:
+            self.state.advanced[seq] = offset
+        self.kick()
+
+    def _record(self, slot: int, job: Job, made: ProducedFile) -> Produced | Advanced:
+        if not job.publish:
+            return Advanced(job.seq, slot, made.state_before, made.state_after)
+        return Produced(
+            job.seq,
+            made.name,
+            made.size_bytes,
+            made.crc32,
+            slot,
+            not job.again,
+            made.state_before,
+            made.state_after,
+        )
+
+    def _publish(self, seq: int, offset: int, made: ProducedFile) -> None:
+        """A journaled file joins the split."""
+        counters = self.state.counters
+        if seq in self.state.offsets:
+            counters.reproduced_files += 1
+        else:
+            counters.produced_files += 1
+        counters.produced_bytes += made.size_bytes
+        self.state.offsets[seq] = offset
+        self.state.consumed.discard(seq)
+        self.state.quarantined.discard(seq)
+        self.state.files[seq] = FileEntry(seq, made.name, made.size_bytes, made.crc32)
+        if self.verbose:
+            log.info(
+                "%s produced seq %d (%s, %d bytes)", self.where, seq, made.name, made.size_bytes
+            )
+        self.changed.notify()
+
+    # ---- trouble ------------------------------------------------------------------------
+    def _exited_idle(self, slot: int) -> None:
+        """A slot's process exited on its own. In a call, the call reports it; idle, it is
+        restarted now, so stats never show a dead pid and the next file does not wait."""
+        if self._stopped or slot in self._busy or slot not in self._running:
+            return
+        self._busy.add(slot)  # no job for it meanwhile
+
+        async def restart() -> None:
+            self._busy.discard(slot)
+            await self._slot_failed(slot, f"{self.where} slot {slot} exited while idle")
+
+        self._tasks.spawn(restart())
+
+    def _disk_trouble(self, seq: int, message: str) -> None:
+        self.state.counters.disk_errors += 1
+        delay = self._disk_backoff_s
+        self._disk_backoff_s = min(self._disk_backoff_s * 2, _DISK_BACKOFF_S[1])
+        self._disk_backoff_until = asyncio.get_running_loop().time() + delay
+        self.state.last_disk_error = message
+        log.warning(
+            "%s: cannot write seq %d (%s); retrying in %.1fs", self.where, seq, message, delay
+        )
+        self._arm_retry(delay)
+
+    def _arm_retry(self, delay: float) -> None:
+        if not self._retry_armed:
+            self._retry_armed = True
+            asyncio.get_running_loop().call_later(max(0.0, delay) + 0.002, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_armed = False
+        self.kick()
+
+    async def _slot_failed(self, slot: int, message: str) -> None:
+        if self._stopped:
+            return
+        self._failures += 1
+        self.state.last_error = message
+        log.error("%s slot %d failed: %s", self.where, slot, message)
+        if self._failures > self.max_restarts:
+            self._on_fatal(
+                f"worker {slot} of split {self.split!r} failed {self._failures} times in a row; "
+                f"last error: {message}"
+            )
+            return
+        self._running.discard(slot)
+        self._busy.add(slot)
+        await self.backend.stop_slot(slot)
+        self.state.counters.worker_restarts += 1
+        await self._restart(slot)
+
+    async def _restart(self, slot: int) -> None:
+        try:
+            await self._start_slot(slot)
+        except BackendUnavailable as exc:
+            # Not the provider's fault: retry with backoff, NOT_SERVING meanwhile.
+            self.state.last_error = str(exc)
+            self._unavailable = True
+            self._on_unavailable(str(exc))
+            delay = self._unavailable_backoff_s
+            self._unavailable_backoff_s = min(delay * 2, _UNAVAILABLE_BACKOFF_S[1])
+            log.warning("%s slot %d: %s; retrying in %.1fs", self.where, slot, exc, delay)
+            asyncio.get_running_loop().call_later(
+                delay, lambda: None if self._stopped else self._tasks.spawn(self._restart(slot))
+            )
+            return
+        except Exception as exc:  # a slot that cannot even start counts as another failure
+            self._busy.discard(slot)
+            await self._slot_failed(slot, f"restart failed: {exc}")
+            return
+        if self._unavailable:
+            self._unavailable = False
+            self._unavailable_backoff_s = _UNAVAILABLE_BACKOFF_S[0]
+            self._on_unavailable(None)
+        self._busy.discard(slot)
+        self.kick()

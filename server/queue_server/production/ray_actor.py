@@ -1,0 +1,165 @@
+"""The code that runs inside a Ray actor: one slot's provider, making files on any node.
+
+The actor is built exactly as a worker process builds its provider (the same init request),
+but it never writes into the queue: `produce` returns the encoded file, and the server
+publishes it with the same atomic write and journal as the worker backend. A batch file is a
+pure function of (dataset config, split, seq, stream state), so its bytes do not depend on
+the node that made it.
+
+Every reply carries the actor's incarnation, drawn anew each time Ray (re)constructs it. A
+restarted actor has lost its forward stream, and Ray retries a call that was in flight on the
+new incarnation; the server compares incarnations so that it never publishes such a file.
+This module imports no Ray: ray_backend.py wraps the class with `ray.remote`.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from queue_client.meta import meta_from_json
+from queue_providers import DataProviderBase, ProviderContext, create
+
+
+def build_provider(init: Mapping[str, Any]) -> DataProviderBase:
+    """A provider from a worker's init request (data_root, dataset, provider, args, ...)."""
+    root = Path(init["data_root"])
+    context = ProviderContext(
+        dataset_name=init["dataset"],
+        dataset_dir=root / init["dataset"],
+        batch_size=init["batch_size"],
+        batches_per_file=init["batches_per_file"],
+        seed=init["seed"],
+        worker_index=init.get("worker_index", 0),
+        num_workers=init.get("num_workers", 1),
+        verbose=init.get("verbose", False),
+        extra_meta=init.get("extra_meta", {}),
+        histogram_field=init.get("histogram_field", ""),
+    )
+    return create(init["provider"], context, init.get("args", {}))
+
+
+@dataclass(frozen=True)
+class Started:
+    """The slot's provider is ready and its forward stream is at the state it was given."""
+
+    incarnation: str
+    stateful: bool
+    node_id: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Made:
+    """One encoded file, and the stream state before and after it."""
+
+    incarnation: str
+    seq: int
+    num_batches: int
+    data: bytes
+    crc32: int
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The provider raised; the actor still runs. kind is the exception's class name."""
+
+    incarnation: str
+    message: str
+    errno: int = 0
+    kind: str = ""
+
+
+class ProviderActor:
+    """One slot's provider. Methods never raise: a provider error comes back as Failed."""
+
+    def __init__(self, init: Mapping[str, Any], meta_json: str, cwd: str) -> None:
+        # Nothing here may fail: Ray reruns the constructor on every restart, and an error
+        # would kill the actor for good. The provider is built by the first call instead.
+        self._init = dict(init)
+        self._meta_json = meta_json
+        self._cwd = cwd
+        self._provider: DataProviderBase | None = None
+        self.incarnation = uuid.uuid4().hex
+
+    def start(self, split: str, state: Mapping[str, Any] | None) -> Started | Failed:
+        """Build the provider if need be and move the split's forward stream to `state`."""
+        try:
+            provider = self._built()
+            if state:
+                provider.load_state_dict(split, state)
+            stateful = type(provider).state_dict is not DataProviderBase.state_dict
+            return Started(self.incarnation, stateful, _node_id(), os.getpid())
+        except Exception as exc:  # reported to the server, which decides to retry or fail
+            return self._failed(exc)
+
+    def produce(self, split: str, seq: int, state: Mapping[str, Any] | None) -> Made | Failed:
+        """Make file `seq`: from the forward stream, or from a journaled `state`, after which
+        the forward stream is restored, so re-making an old seq never disturbs the next one."""
+        try:
+            provider = self._built()
+            forward = None
+            if state is not None:
+                forward = provider.state_dict(split)
+                provider.load_state_dict(split, state)
+            try:
+                before = provider.state_dict(split)
+                encoded = provider.make_file(split, seq)
+                after = provider.state_dict(split)
+            finally:
+                if forward is not None:
+                    provider.load_state_dict(split, forward)
+            return Made(
+                self.incarnation,
+                seq,
+                encoded.num_batches,
+                encoded.data,
+                encoded.crc32,
+                before,
+                after,
+            )
+        except Exception as exc:
+            return self._failed(exc)
+
+    def stop(self) -> None:
+        """The provider's on_stop, before the actor is killed."""
+        if self._provider is not None:
+            self._provider.on_stop()
+
+    def _built(self) -> DataProviderBase:
+        if self._provider is None:
+            import torch
+
+            # One thread per actor, as in a worker process: parallelism comes from slots.
+            torch.set_num_threads(1)
+            if not os.path.isdir(self._cwd):
+                raise FileNotFoundError(
+                    f"the config directory {self._cwd} does not exist on Ray node "
+                    f"{_node_id()}: provider inputs must be at the same paths on every node"
+                )
+            os.chdir(self._cwd)  # relative paths in provider args are relative to the config
+            provider = build_provider(self._init)
+            provider.on_start()
+            provider.set_meta(meta_from_json(self._meta_json))
+            self._provider = provider
+        return self._provider
+
+    def _failed(self, exc: Exception) -> Failed:
+        return Failed(
+            self.incarnation,
+            f"{type(exc).__name__}: {exc} (on Ray node {_node_id()})",
+            getattr(exc, "errno", None) or 0,
+            type(exc).__name__,
+        )
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()

@@ -1,0 +1,328 @@
+"""Ray Core actors as a split's producers (`backend = "ray"` in a dataset's config).
+
+Slot i of a split is one actor (ray_actor.ProviderActor) holding the provider a worker process
+would hold, placed anywhere on the cluster or on the nodes that carry a label. An actor returns
+the encoded file; this process publishes it into the split's directory with the same atomic
+write as every backend, and production journals it as usual. A file is a pure function of
+(dataset config, split, seq, stream state), so it is byte for byte the file a worker process
+makes, whichever node made it.
+
+Failures. Actors are created with max_restarts=-1 and max_task_retries=-1: Ray restarts a dead
+actor and retries the call that was in flight, which is safe since making a file twice makes
+the same file. A restarted actor has lost its forward stream, though, so for a provider that
+streams a reply from a new incarnation raises SlotDied, and production restarts the slot from
+the journaled state (start_slot sends that state to the actor). An actor that is gone for good,
+or a cluster that is gone, also raises SlotDied; the provider's own errors raise ProduceFailed.
+
+Requirements: provider inputs (args' paths, relative to the config directory) and the data
+root's dataset directory must be at the same paths on every node that may run an actor, and
+the nodes must have batchqueue installed. This process must be able to join the cluster as a
+Ray driver: a `ray_address` of HOST:PORT needs this machine to be a node of that cluster
+(`ray start --address=HOST:PORT`), which is how Ray drivers connect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from queue_client.batchfile import EncodedBatchFile, publish_batch_file
+from queue_server.production.backend import (
+    ProducedFile,
+    ProduceFailed,
+    ProduceJob,
+    ProductionBackend,
+    SlotDied,
+)
+from queue_server.production.ray_actor import Failed, Made, ProviderActor, Started
+from queue_server.production.ray_connect import (
+    LOCAL,
+    SPREAD,
+    connect,
+    import_ray,
+    placement_options,
+)
+from queue_server.production.ray_connect import _listening as head_answers
+
+# How often a call that waits on an actor checks that the cluster's head still answers.
+_CLUSTER_CHECK_S = 2.0
+
+
+@dataclass
+class _Slot:
+    actor: Any
+    incarnation: str = ""
+    node_id: str = ""
+    pid: int = 0
+    restarts: int = 0
+
+
+class RayBackend(ProductionBackend):
+    """One split's producers as Ray actors, one per slot.
+
+    split, directory: the split's name, and where its files are published (the queue
+        directory, or the candidates directory of a curriculum split).
+    init: the worker init request (the dict DatasetRuntime builds for a worker process);
+        worker_index and num_workers are set per slot from `slots`.
+    meta_json: the settled meta, sent to every provider before its first file.
+    cwd: the config directory, where relative provider paths are resolved on every node.
+    ray_address, placement: the dataset's ray_address and ray_placement.
+    num_cpus: the logical CPUs each actor reserves on its node (one busy thread).
+    start_timeout_s: how long a slot may wait for a node to take its actor.
+    """
+
+    def __init__(
+        self,
+        *,
+        split: str,
+        directory: Path,
+        init: Mapping[str, Any],
+        meta_json: str,
+        cwd: Path,
+        slots: int,
+        ray_address: str = LOCAL,
+        placement: str = SPREAD,
+        num_cpus: float = 1.0,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        self.split = split
+        self.slots = slots
+        self.directory = Path(directory)
+        self.ray_address = ray_address
+        self.placement = placement
+        self._options = placement_options(placement)
+        self._init = dict(init)
+        self._meta_json = meta_json
+        self._cwd = str(cwd)
+        self._num_cpus = num_cpus
+        self._start_timeout_s = start_timeout_s
+        self._label = f"{self._init.get('dataset', '?')}/{split}"
+        self._slots: dict[int, _Slot] = {}
+        self._stateful = False
+        self._actor_class: Any = None
+        self._connection = 0  # connect()'s number when _actor_class was made
+
+    # ---- ProductionBackend ------------------------------------------------------------------
+    async def start_slot(self, slot: int, state: dict[str, Any] | None) -> bool:
+        await self._connect()
+        reused = self._slots.get(slot)
+        current = reused or self._create(slot)
+        timeout_s = self._start_timeout_s
+        try:
+            reply = await self._call(slot, current.actor.start.remote(self.split, state), timeout_s)
+        except SlotDied:
+            if reused is None:
+                raise
+            # The slot's actor is gone for good (killed, or its node left): a fresh one.
+            self._forget(slot)
+            current = self._create(slot)
+            reply = await self._call(slot, current.actor.start.remote(self.split, state), timeout_s)
+        if isinstance(reply, Failed):
+            raise ProduceFailed(reply.message, reply.errno, reply.kind)
+        assert isinstance(reply, Started)
+        current.incarnation, current.node_id, current.pid = (
+            reply.incarnation,
+            reply.node_id,
+            reply.pid,
+        )
+        self._stateful = reply.stateful
+        return reply.stateful
+
+    async def produce(self, slot: int, job: ProduceJob) -> ProducedFile:
+        current = self._slots.get(slot)
+        if current is None or not current.incarnation:
+            raise SlotDied(f"{self._label}: slot {slot} is not started")
+        try:
+            ref = current.actor.produce.remote(job.split, job.seq, job.state)
+        except Exception as exc:  # a handle of an older join: another split joined again
+            raise SlotDied(f"{self._label}: slot {slot}'s actor is unreachable: {exc}") from exc
+        reply = await self._call(slot, ref)
+        if reply.incarnation != current.incarnation:
+            current.restarts += 1
+            if self._stateful:
+                raise SlotDied(
+                    f"{self._label}: the Ray actor of slot {slot} restarted (it ran on node "
+                    f"{current.node_id}) and lost its stream; the slot restarts from the journal"
+                )
+            current.incarnation = reply.incarnation  # a stateless provider lost nothing
+        if isinstance(reply, Failed):
+            raise ProduceFailed(reply.message, reply.errno, reply.kind)
+        assert isinstance(reply, Made)
+        if not job.publish:  # an advance: the stream moved past seq; nothing is written
+            return ProducedFile(job.seq, "", 0, 0, reply.before, reply.after)
+        encoded = EncodedBatchFile(reply.seq, reply.num_batches, reply.data, reply.crc32)
+        try:
+            published = await asyncio.to_thread(publish_batch_file, self.directory, encoded)
+        except OSError as exc:  # a disk problem here, not a broken provider
+            raise ProduceFailed(
+                f"{self._label}: cannot publish seq {job.seq}: {exc}", exc.errno or 0, "OSError"
+            ) from exc
+        return ProducedFile(
+            seq=job.seq,
+            name=str(published.name),
+            size_bytes=published.size_bytes,
+            crc32=published.crc32,
+            state_before=reply.before,
+            state_after=reply.after,
+        )
+
+    async def stop_slot(self, slot: int) -> None:
+        current = self._slots.pop(slot, None)
+        if current is None:
+            return
+        ray = import_ray()
+        with contextlib.suppress(Exception):  # dead already, or slow to stop: killed anyway
+            await asyncio.wait_for(_awaitable(current.actor.stop.remote()), 5.0)
+        with contextlib.suppress(Exception):
+            ray.kill(current.actor, no_restart=True)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self.stop_slot(slot) for slot in list(self._slots)))
+
+    def kill(self) -> None:
+        for slot in list(self._slots):
+            self._forget(slot)
+
+    def pids(self) -> list[int]:
+        """Empty: actors are processes of Ray nodes, maybe of other machines (see stats())."""
+        return []
+
+    def stats(self) -> dict[str, Any] | None:
+        """Where each slot's actor runs, and how often Ray restarted it."""
+        return {
+            "backend": "ray",
+            "ray_address": self.ray_address,
+            "placement": self.placement,
+            "slots": [
+                {
+                    "slot": slot,
+                    "node_id": s.node_id,
+                    "pid": s.pid,
+                    "restarts": s.restarts,
+                }
+                for slot, s in sorted(self._slots.items())
+            ],
+        }
+
+    def why_slow(self) -> str:
+        return (
+            f"files of {self._label} are made by Ray actors on the cluster at "
+            f"{self.ray_address!r}; `ray status` shows whether they are placed and busy"
+        )
+
+    # ---- internals --------------------------------------------------------------------------
+    async def _connect(self) -> None:
+        connection = await asyncio.to_thread(connect, self.ray_address)
+        if connection == self._connection:
+            return
+        ray = import_ray()
+        self._slots.clear()  # handles of an older join are dead: every slot gets a new actor
+        if "label_selector" in self._options:
+            await asyncio.to_thread(self._check_some_node_matches, ray)
+        self._actor_class = ray.remote(ProviderActor)
+        self._connection = connection
+
+    def _check_some_node_matches(self, ray: Any) -> None:
+        """A label no node carries is a config error, not a wait for a node that never comes."""
+        wanted = self._options["label_selector"]
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        if not any(
+            all((n.get("Labels") or {}).get(k) == v for k, v in wanted.items()) for n in alive
+        ):
+            raise ProduceFailed(
+                f"ray_placement = {self.placement!r} matches none of the {len(alive)} alive "
+                f"nodes of the Ray cluster at {self.ray_address!r}; start a node with "
+                "`ray start --labels=KEY=VALUE`",
+                kind="ConfigError",
+            )
+
+    def _create(self, slot: int) -> _Slot:
+        init = {**self._init, "worker_index": slot, "num_workers": self.slots}
+        actor = self._actor_class.options(
+            max_restarts=-1,
+            max_task_retries=-1,
+            num_cpus=self._num_cpus,
+            **self._options,
+        ).remote(init, self._meta_json, self._cwd)
+        self._slots[slot] = created = _Slot(actor)
+        return created
+
+    def _forget(self, slot: int) -> None:
+        current = self._slots.pop(slot, None)
+        if current is not None:
+            with contextlib.suppress(Exception):
+                import_ray().kill(current.actor, no_restart=True)
+
+    async def _call(self, slot: int, ref: Any, timeout_s: float | None = None) -> Any:
+        """The reply to one actor call; Ray's failures become SlotDied or ProduceFailed. A
+        timeout is for a start: a file takes as long as the provider takes."""
+        ray = import_ray()
+        try:
+            return await _reply(ref, ray.get_runtime_context().gcs_address, timeout_s)
+        except _ClusterGone:
+            raise SlotDied(
+                f"{self._label}: the Ray cluster at {self.ray_address!r} is gone (its head does "
+                f"not answer) while slot {slot} waited for its actor"
+            ) from None
+        except asyncio.TimeoutError:
+            self._forget(slot)
+            raise SlotDied(
+                f"{self._label}: no Ray node took the actor of slot {slot} within "
+                f"{timeout_s:.0f} s (ray_placement = {self.placement!r}, "
+                f"{self._num_cpus:g} CPU each); `ray status` shows what the cluster has free"
+            ) from None
+        except ray.exceptions.RayTaskError as exc:  # the actor's method itself raised
+            cause = exc.cause if isinstance(exc.cause, Exception) else exc
+            raise ProduceFailed(
+                f"{self._label}: slot {slot}: {type(cause).__name__}: {cause}",
+                kind=type(cause).__name__,
+            ) from exc
+        except ray.exceptions.RayError as exc:  # the actor, its node or the cluster is gone
+            raise SlotDied(
+                f"{self._label}: the Ray actor of slot {slot} is gone: "
+                f"{type(exc).__name__}: {_gist(exc)}"
+            ) from exc
+
+
+class _ClusterGone(Exception):
+    pass
+
+
+async def _reply(ref: Any, gcs_address: str, timeout_s: float | None) -> Any:
+    """The actor's reply, TimeoutError after timeout_s, or _ClusterGone once the head stops
+    answering: Ray retries a call whose actor died until the actor is back, and with the
+    whole cluster gone that is forever."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    waiting = asyncio.ensure_future(_awaitable(ref))
+    try:
+        while True:
+            left = _CLUSTER_CHECK_S if deadline is None else deadline - loop.time()
+            done, _ = await asyncio.wait({waiting}, timeout=max(0.0, min(left, _CLUSTER_CHECK_S)))
+            if done:
+                return waiting.result()
+            if deadline is not None and loop.time() >= deadline:
+                raise asyncio.TimeoutError
+            if not await asyncio.to_thread(head_answers, gcs_address):
+                raise _ClusterGone
+    finally:
+        waiting.cancel()
+
+
+def _awaitable(ref: Any) -> Awaitable[Any]:
+    async def wait() -> Any:
+        return await ref
+
+    return wait()
+
+
+def _gist(exc: BaseException) -> str:
+    """The first and last lines of a Ray error: what happened, and the underlying error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} ... {lines[-1]}"

@@ -1,0 +1,160 @@
+"""Joining a Ray cluster from the server: the install hint, placement options, and a
+connect that fails within CONNECT_TIMEOUT_S naming the address (ray.init alone may wait
+minutes on an address where no cluster answers)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from queue_client.errors import ConfigError
+from queue_server.config import parse_ray_placement
+from queue_server.production.backend import BackendUnavailable
+
+LOCAL = "local"
+SPREAD = "spread"
+NAMESPACE = "batchqueue"
+# ray.init can wait minutes on an address where no cluster answers; this bounds the start.
+CONNECT_TIMEOUT_S = 15.0
+INSTALL_HINT = "pip install 'batchqueue[ray]'"
+
+
+class RayUnavailable(ConfigError, BackendUnavailable):
+    """Ray is not installed, or no Ray cluster answered at ray_address in time. A ConfigError:
+    a dataset that can never be served fails the server's start."""
+
+
+def import_ray() -> Any:
+    """The ray module, or RayUnavailable saying how to install it."""
+    # Never start a cluster behind our back: an actor made while the connection is being
+    # renewed must fail (and be made again), not start a local Ray inside the server.
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable(
+            f'backend = "ray" needs Ray, which is not installed here: {INSTALL_HINT}'
+        ) from None
+    return ray
+
+
+def placement_options(placement: str) -> dict[str, Any]:
+    """Ray actor options for a `ray_placement`: "spread" over the cluster's nodes, or
+    "node:KEY=VALUE" for only the nodes started with that label (`ray start --labels`; Ray's
+    label_selector, 2.49 and later)."""
+    labels = parse_ray_placement(placement)
+    if labels is None:
+        raise ConfigError(
+            f'ray_placement = {placement!r} is invalid: expected "spread" or "node:KEY=VALUE" '
+            "(a node label, such as node:batchqueue=producer)"
+        )
+    return {"label_selector": labels} if labels else {"scheduling_strategy": "SPREAD"}
+
+
+_connect_lock = threading.Lock()
+_connected_to: str | None = None
+_connections = 0  # how many times this process joined a cluster
+
+
+def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
+    """Connect this process to Ray, or check it still is: "local" starts a cluster in this
+    process; any other address is joined, and joined again after the whole cluster went away.
+    Returns a number that changes with every join (actor handles of an older one are dead).
+    Raises RayUnavailable naming the address when no cluster answers within timeout_s.
+    Every backend of a process must name the same address."""
+    global _connected_to, _connections
+    ray = import_ray()
+    with _connect_lock:
+        if _connected_to is not None and ray.is_initialized():
+            if address != _connected_to:
+                raise ConfigError(
+                    f"ray_address = {address!r}, but this server is connected to Ray at "
+                    f"{_connected_to!r} already: one server uses one Ray cluster"
+                )
+            if address == LOCAL or _listening(ray.get_runtime_context().gcs_address):
+                return _connections
+            # The whole cluster is gone. A driver cannot follow its head to a new cluster, so
+            # drop this connection and join afresh, which fails until the cluster is back.
+            ray.shutdown()
+            _connected_to = None
+        # Ray ends a driver whose cluster head is gone for 60 s. The server must outlive its
+        # cluster: the split fails its slots, and comes back when the cluster does.
+        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(10**9))
+        deadline = time.monotonic() + timeout_s
+        kwargs: dict[str, Any] = {"namespace": NAMESPACE, "ignore_reinit_error": True}
+        if address == LOCAL:
+            kwargs["include_dashboard"] = False
+        else:
+            _probe(address, timeout_s)
+        try:
+            _run_with_deadline(
+                lambda: ray.init(address=address, **kwargs), deadline - time.monotonic()
+            )
+        except TimeoutError:
+            raise RayUnavailable(
+                f"ray_address = {address!r}: no Ray cluster answered within {timeout_s:.0f} s. "
+                "Give the address `ray start --head` printed, on a machine that is itself a "
+                'node of that cluster (`ray start --address=...`), or "local"'
+            ) from None
+        except Exception as exc:
+            raise RayUnavailable(
+                f"ray_address = {address!r}: cannot join the Ray cluster: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        _connected_to = address
+        _connections += 1
+        return _connections
+
+
+def _listening(address: str, timeout_s: float = 2.0) -> bool:
+    try:
+        _connect_tcp(address, timeout_s)
+    except OSError:
+        return False
+    return True
+
+
+def _connect_tcp(address: str, timeout_s: float) -> None:
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if sep and port.isdigit():  # "auto" and friends: ray.init finds the cluster itself
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Fail fast where nothing listens: ray.init itself would retry for minutes."""
+    try:
+        _connect_tcp(address, timeout_s)
+    except OSError as exc:
+        raise RayUnavailable(
+            f"ray_address = {address!r}: cannot reach a Ray cluster there "
+            f'({exc.strerror or exc}); start one with `ray start --head`, or use "local"'
+        ) from None
+
+
+def _run_with_deadline(fn: Callable[[], Any], timeout_s: float) -> Any:
+    """fn() in a daemon thread: its result, its exception, or TimeoutError after timeout_s.
+
+    FIXME: a late fn goes on in its thread. The caller fails the dataset and the server exits,
+    so nothing waits for it, and as a daemon thread it never holds the process up.
+    """
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        done.set()
+
+    threading.Thread(target=run, name="ray-connect", daemon=True).start()
+    if not done.wait(max(timeout_s, 0.0)):
+        raise TimeoutError
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

@@ -1,0 +1,245 @@
+"""A server whose providers are Ray actors (`backend = "ray"`), with real server processes,
+real trainer clients and real Ray clusters: it serves the very batches a local-backend server
+serves, and it keeps its accounting through the faults a cluster has. An actor killed in the
+middle of a file has that seq made again; a node that leaves moves its work to the others; a
+cluster that goes away entirely turns the dataset NOT_SERVING, saying why, and it serves again
+when the cluster is back, with no server restart; an address where no cluster answers fails
+the start with exit code 2, naming it. The accounting auditor runs after every fault."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from auditor import audit
+from grpc_health.v1 import health_pb2
+from ray_cluster import SUPPORT, RayCluster, RayHead, free_port
+
+from conftest import ServerFactory, char_config, subprocess_env, wait_until
+from queue_server.app import health_name
+from queue_server.testing import ServerProcess
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+BPF = 5  # batches per file in every config here
+GATED = "bq_ray_providers:GatedStreamProvider"
+
+
+def ray_keys(address: str, workers: int = 1, placement: str = "spread") -> str:
+    return (
+        f'backend = "ray"\nray_address = "{address}"\nray_placement = "{placement}"\n'
+        f"workers = {workers}\nmax_backlog_files = 2"
+    )
+
+
+def gated_config(gate: Path, extra: str) -> str:
+    """A streaming provider that stops in the middle of seq 2 until the test opens its gate."""
+    return (
+        "[server]\nlease_ttl_s = 30\n[datasets.s]\n"
+        f'provider = "{GATED}"\nbatch_size = 2\nbatches_per_file = {BPF}\n{extra}\n'
+        f'[datasets.s.args]\ngate_dir = "{gate.as_posix()}"\ngate_seq = 2\n'
+    )
+
+
+def read_batches(
+    server: ServerProcess, dataset: str, batches: int, out: Path, resume: Path | None = None
+) -> list[tuple[int, int, str]]:
+    """`batches` batches read by a trainer process of its own (rank 0 of 1), closed after:
+    [(seq, offset, hash of the batch's bytes)]. Its state dict is saved beside `out`; it
+    resumes from the one at `resume`, as a trainer restarted from a checkpoint."""
+    proc = reader(server, dataset, batches, out, resume)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, f"the trainer process failed ({proc.returncode}):\n{err}"
+    return read_out(out)
+
+
+def reader(
+    server: ServerProcess, dataset: str, batches: int, out: Path, resume: Path | None = None
+) -> subprocess.Popen[str]:
+    spec = out.with_suffix(".spec.json")
+    job = {
+        "dataset": dataset,
+        "batches": batches,
+        "out": str(out),
+        "state_in": str(resume) if resume else None,
+        "state_out": str(state_of(out)),
+    }
+    spec.write_text(
+        json.dumps({"address": server.address, "rank": 0, "world_size": 1, "jobs": [job]})
+    )
+    return subprocess.Popen(
+        [sys.executable, str(SUPPORT / "rank_client.py"), str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+
+
+def state_of(out: Path) -> Path:
+    return out.with_suffix(".state.json")
+
+
+def read_out(out: Path) -> list[tuple[int, int, str]]:
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return [(r["seq"], r["offset"], r["hash"]) for r in rows]
+
+
+def positions(rows: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
+    return [(seq, offset) for seq, offset, _ in rows]
+
+
+def in_order(files: int) -> list[tuple[int, int]]:
+    """Every batch of seqs 0..files-1 once, in order: nothing lost, nothing repeated."""
+    return [(seq, offset) for seq in range(files) for offset in range(BPF)]
+
+
+def health(server: ServerProcess, dataset: str) -> int:
+    return server.health(health_name(dataset))
+
+
+def test_a_ray_server_serves_the_batches_of_a_local_server(
+    ray_cluster: RayCluster, start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    """Same config, same seqs, same bytes: which backend made a file changes none of it."""
+    local = start_server(
+        char_config(corpus, extra="workers = 2\nmax_backlog_files = 2"),
+        data_root=tmp_path / "local",
+    )
+    ray = start_server(
+        char_config(corpus, extra=ray_keys(ray_cluster.address, workers=2)),
+        data_root=tmp_path / "ray",
+    )
+    assert ray.split_stats("chars")["worker_pids"] == []  # no worker process of its own
+    want = read_batches(local, "chars", 4 * BPF, tmp_path / "local.jsonl")
+    got = read_batches(ray, "chars", 4 * BPF, tmp_path / "ray.jsonl")
+    assert positions(got) == in_order(4)
+    assert got == want
+    for server in (local, ray):
+        audit(server, "chars", consumed_batches={"train": positions(want)})
+
+
+def test_an_actor_killed_mid_file_has_its_seq_made_again(
+    ray_cluster: RayCluster, start_server: ServerFactory, tmp_path: Path
+) -> None:
+    """Ray restarts the actor and retries its call, but the new actor has lost its stream:
+    the server refuses that file, restarts the slot from the journal and makes seq 2 again,
+    exactly as a local worker makes it."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    ray = start_server(
+        gated_config(gate, ray_keys(ray_cluster.address)), data_root=tmp_path / "ray"
+    )
+    # Each split's actor (train and val) stops in seq 2: both are killed there.
+    markers = wait_until(
+        lambda: len(found := list(gate.glob("making-2-*"))) == 2 and found,
+        60,
+        "the actors of train and val to start making seq 2",
+    )
+    for marker in markers:
+        os.kill(int(marker.name.rsplit("-", 1)[1]), signal.SIGKILL)
+    (gate / "go-2").touch()
+    got = read_batches(ray, "s", 5 * BPF, tmp_path / "ray.jsonl")
+    assert positions(got) == in_order(5)
+    stats = audit(ray, "s", consumed_batches={"train": positions(got)})
+    assert all(s["worker_restarts"] >= 1 for s in stats.values()), stats
+    assert "lost its stream; the slot restarts from the journal" in ray.log(), ray.log_tail()
+
+    # The reference: a local worker with the gate open from the start.
+    local = start_server(gated_config(gate, "max_backlog_files = 2"), data_root=tmp_path / "local")
+    assert got == read_batches(local, "s", 5 * BPF, tmp_path / "local.jsonl")
+
+
+def test_a_removed_node_moves_its_work_to_the_others(
+    ray_cluster: RayCluster, start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    import ray
+
+    # Both standing nodes lent out, so the server's actors can only go to the node added next:
+    # one per slot of each split (train and val), two slots each.
+    held = ray.util.placement_group([{"CPU": 2}, {"CPU": 2}], strategy="STRICT_SPREAD")
+    try:
+        ray.get(held.ready(), timeout=60)
+    except ray.exceptions.GetTimeoutError:
+        ray.util.remove_placement_group(held)
+        raise AssertionError(
+            f"the session cluster has not 2 free CPUs per node: {ray.available_resources()}"
+        ) from None
+    node = ray_cluster.add_node(num_cpus=4)
+    removed = False
+    try:
+        server = start_server(
+            char_config(corpus, extra=ray_keys(ray_cluster.address, workers=2)),
+            data_root=tmp_path / "ray",
+        )
+        server.wait_ready_files("chars", 2)
+        before = server.split_stats("chars")["produced_files"]
+        ray.util.remove_placement_group(held)
+        ray_cluster.remove_node(node)
+        removed = True
+        got = read_batches(server, "chars", 6 * BPF, tmp_path / "ray.jsonl")
+    finally:
+        if not removed:
+            ray.util.remove_placement_group(held)
+            ray_cluster.remove_node(node)
+    assert positions(got) == in_order(6)
+    stats = audit(server, "chars", consumed_batches={"train": positions(got)})["train"]
+    assert stats["produced_files"] > before, "nothing was made after the node left"
+    assert health(server, "chars") == SERVING
+
+
+def test_the_whole_cluster_gone_and_back_without_a_server_restart(
+    ray_head: type[RayHead], start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    head = ray_head(free_port(), subprocess_env())
+    server = start_server(char_config(corpus, extra=ray_keys(head.address)))
+    rows = read_batches(server, "chars", 2 * BPF, tmp_path / "1.jsonl")
+
+    head.kill()
+    # The files on disk are still served; consuming one asks for the next, which fails.
+    rows += read_batches(server, "chars", BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl"))
+    wait_until(lambda: health(server, "chars") == NOT_SERVING, 60, "chars to turn NOT_SERVING")
+    stats = server.stats("chars")
+    assert stats["state"] == "unavailable", stats
+    assert head.address in stats["last_error"], stats["last_error"]
+    assert server.health() == NOT_SERVING  # the whole server, too
+    audit(server, "chars", consumed_batches={"train": positions(rows)})
+
+    head.start()
+    wait_until(lambda: health(server, "chars") == SERVING, 90, "chars to serve again")
+    rows += read_batches(
+        server, "chars", 3 * BPF, tmp_path / "3.jsonl", state_of(tmp_path / "2.jsonl")
+    )
+    assert positions(rows) == in_order(6)
+    stats = server.stats("chars")
+    assert (stats["state"], stats["last_error"]) == ("serving", "")
+    audit(server, "chars", consumed_batches={"train": positions(rows)})
+    assert server.proc.poll() is None  # the same server process throughout
+
+
+def test_an_unreachable_ray_address_exits_2_within_15_s_naming_it(
+    corpus: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchqueue[ray]'")
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    began = time.monotonic()
+    server = ServerProcess(
+        tmp_path / "server",
+        data_root=tmp_path / "data",
+        config_text=char_config(corpus, extra=ray_keys(address)),
+        env=subprocess_env(),
+    )
+    try:
+        code = server.proc.wait(timeout=15)
+    finally:
+        server.kill()
+    took = time.monotonic() - began
+    assert code == 2, f"exit code {code}:\n{server.log()}"
+    assert took < 15
+    assert f"ray_address = {address!r}" in server.log(), server.log()
