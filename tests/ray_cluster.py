@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -173,6 +174,7 @@ class RayHead:
 
     def close(self) -> None:
         self.kill()
+        shutil.rmtree(self._temp_dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -202,8 +202,11 @@ def test_the_whole_cluster_gone_and_back_without_a_server_restart(
     rows = read_batches(server, "chars", 2 * BPF, tmp_path / "1.jsonl")
 
     head.kill()
-    # The files on disk are still served; consuming one asks for the next, which fails.
-    rows += read_batches(server, "chars", BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl"))
+    # The files on disk are still served. Reading three more moves the window past what is
+    # made, so production asks the cluster for the next file, and finds it gone.
+    rows += read_batches(
+        server, "chars", 3 * BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl")
+    )
     wait_until(lambda: health(server, "chars") == NOT_SERVING, 60, "chars to turn NOT_SERVING")
     stats = server.stats("chars")
     assert stats["state"] == "unavailable", stats
@@ -216,7 +219,7 @@ def test_the_whole_cluster_gone_and_back_without_a_server_restart(
     rows += read_batches(
         server, "chars", 3 * BPF, tmp_path / "3.jsonl", state_of(tmp_path / "2.jsonl")
     )
-    assert positions(rows) == in_order(6)
+    assert positions(rows) == in_order(8)
     stats = server.stats("chars")
     assert (stats["state"], stats["last_error"]) == ("serving", "")
     audit(server, "chars", consumed_batches={"train": positions(rows)})

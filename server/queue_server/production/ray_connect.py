@@ -91,9 +91,14 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
         else:
             _probe(address, timeout_s)
         try:
-            _run_with_deadline(
-                lambda: ray.init(address=address, **kwargs), deadline - time.monotonic()
-            )
+            if address == LOCAL:
+                # In this thread: Ray ties the processes of a cluster it starts to the thread
+                # that started it (they die when it ends), and starting one does not hang.
+                ray.init(address=address, **kwargs)
+            else:
+                _run_with_deadline(
+                    lambda: ray.init(address=address, **kwargs), deadline - time.monotonic()
+                )
         except TimeoutError:
             raise RayUnavailable(
                 f"ray_address = {address!r}: no Ray cluster answered within {timeout_s:.0f} s. "
