@@ -1,7 +1,7 @@
 """Every path under the data root, named in this one module, and the one way to write there.
 
 <data_root>/
-    .batchqueue.lock                      held (flock) by the one server that owns the root
+    .batchqueue.lock                      the owning server's pid (the flock is on the root dir)
     .batchqueue.root-id                   the root's random id: who sees this root (GetMeta)
     <dataset>/
         meta.pkl                          the dataset contract (plain-data pickle, meta.py)
