@@ -9,8 +9,17 @@ crc32, i.e. the memcpy limit of a batch file). The ratio is the provider's rate 
 floor's: 1.0 would mean sampling costs nothing. text_lm's rows also time its tokenizer alone on
 the corpus (the note), since tokenizing is part of its work and of no other provider's.
 
-Tokens are token positions of the input field, padding included: B*T per batch ([A, B, T] for
-text_lm). The corpora are the suite's text as it is (char_lm, char_diffusion, nanogpt_bin,
+Beside each provider, in the same repeats, its twin on a meta from before format 2, which writes
+format 1 files (every field in its served dtype, as all providers did before): the note gives
+its rate and the ratio, the cost or gain of the compact encoding (narrower bytes to write,
+against the check that every field reads back). Tokens are token positions of the input field, padding included: B*T per batch ([A, B, T] for
+text_lm).
+
+The second half of the row is the bytes on disk per token of each provider's batch files
+(format 2: narrow ids, one window for x and y, no derivable fields) beside the same batches in
+format 1 (every field in its served dtype), the whole file counted (torch.save's zip and the
+metadata included). The goal, 2.1 bytes per token, is for the LM providers whose x and y are
+token windows, with vocabularies up to 65,536; the others carry a second id field (labels). The corpora are the suite's text as it is (char_lm, char_diffusion, nanogpt_bin,
 text_lm, bert_mlm) and, for the labelled providers, its lines as examples (classification) or
 sentences (token_classification) with labels derived from the words, under a word-level vocab.
 """
@@ -34,6 +43,9 @@ from bench.harness import Result, Settings, fmt, median
 from bench.servers import Server, ServerSpec
 
 SEED = 1337
+BYTES_GOAL = 2.1
+# Providers whose x/y are token windows: one uint16 window of T+1 ids per row on disk.
+WINDOW_PROVIDERS = ("char_lm", "nanogpt_bin", "text_lm")
 LM_B, LM_T = 12, 1024
 TOK_B, TOK_T = 32, 128
 LABELS = ("a", "b", "c", "d")
@@ -119,31 +131,35 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
     torch.set_num_threads(1)  # as in a worker process
     try:
         root = settings.workdir / "providers"
-        made = {case.name: _start(case, root, nb) for case in cases(tokens, root)}
+        started = {case.name: _start(case, root, nb) for case in cases(tokens, root)}
+        made = {name: (case, provider) for name, (case, provider, _) in started.items()}
         rates: dict[str, list[float]] = {name: [] for name in made}
+        rates_v1: dict[str, list[float]] = {name: [] for name in made}
         floors: dict[str, list[float]] = {name: [] for name in made}
         seq = 1  # seq 0 was the warm-up
         for r in range(settings.repeats):
             names = list(made)
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                case, provider = made[name]
+                case, provider, twin = started[name]
                 per_file = nb * case.tokens_per_batch
-                began = time.perf_counter()
-                encoded = [provider.make_file("train", seq + k) for k in range(files)]
-                rates[name].append(files * per_file / (time.perf_counter() - began))
-                floors[name].append(per_file / _floor_seconds(encoded[-1].data))
+                pair = [(provider, rates[name]), (twin, rates_v1[name])]
+                for who, into in pair if r % 2 == 0 else pair[::-1]:
+                    began = time.perf_counter()
+                    encoded = [who.make_file("train", seq + k) for k in range(files)]
+                    into.append(files * per_file / (time.perf_counter() - began))
+                    if who is provider:
+                        floors[name].append(per_file / _floor_seconds(encoded[-1].data))
             seq += files
         raw_byte = _tokenizer_rate(ByteTokenizer().encode_docs, tokens.text_path)
     finally:
         torch.set_num_threads(threads)
     results = []
+    sizes = {name: _bytes_per_token(case, provider, seq) for name, (case, provider) in made.items()}
     for name, (case, _) in made.items():
-        value, floor = median(rates[name]), median(floors[name])
-        note = (
-            f"its byte tokenizer alone: {fmt(raw_byte / 1e6)} M tokens/s on the same text"
-            if case.provider == "text_lm"
-            else ""
-        )
+        value, floor, v1 = median(rates[name]), median(floors[name]), median(rates_v1[name])
+        note = f"format 1 files (served dtypes): {fmt(v1 / 1e6)} M tokens/s, {value / v1:.2f}x"
+        if case.provider == "text_lm":
+            note += f"; its byte tokenizer alone: {fmt(raw_byte / 1e6)} M tokens/s on the same text"
         results.append(
             Result(
                 "10",
@@ -158,14 +174,58 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
                 "info",
                 None,
                 note,
-                extra={"rates": rates[name], "floors": floors[name]},
+                extra={"rates": rates[name], "floors": floors[name], "format_1": rates_v1[name]},
+            )
+        )
+    for name, (case, _) in made.items():
+        now, before, stored = sizes[name]
+        window = case.provider in WINDOW_PROVIDERS
+        results.append(
+            Result(
+                "10",
+                f"{name}, bytes on disk per token, {nb} batches per file",
+                now,
+                "B/token",
+                "format 1 (served dtypes)",
+                before,
+                "B/token",
+                before / now,
+                "x smaller",
+                f"<= {BYTES_GOAL:g}" if window else "info",
+                now <= BYTES_GOAL if window else None,
+                f"stores {stored}",
             )
         )
     return results
 
 
-def _start(case: Case, root: Path, nb: int) -> tuple[Case, Any]:
-    """The provider built, its meta settled, and one file made (caches and pages warm)."""
+def _bytes_per_token(case: Case, provider: Any, seq: int) -> tuple[float, float, str]:
+    """(bytes per token of a file as the provider writes it, of the same batches written in
+    format 1, what the file stores)."""
+    from queue_client.batchfile import encode_batch_file, load_batch_bytes
+    from queue_client.schema import FieldSpec
+
+    encoded = provider.make_file("train", seq)
+    loaded = load_batch_bytes(encoded.data, case.name)
+    schema = loaded.schema or ()
+    plain = [FieldSpec(f.name, f.dtype, f.shape, f.role).to_dict() for f in schema]
+    old = encode_batch_file(
+        seq=seq,
+        tensors=loaded.tensors,
+        metadata={**loaded.metadata, "schema": plain},
+        version=1,
+    )
+    tokens = encoded.num_batches * case.tokens_per_batch
+    stored = ", ".join(
+        f"{k} {str(v.dtype).removeprefix('torch.')}{list(v.shape[1:])}"
+        for k, v in loaded.stored.items()
+    )
+    return len(encoded.data) / tokens, len(old.data) / tokens, stored
+
+
+def _start(case: Case, root: Path, nb: int) -> tuple[Case, Any, Any]:
+    """The provider built, its meta settled, and one file made (caches and pages warm); and
+    its twin on a meta from before format 2, which writes format 1 files."""
     from queue_providers import ProviderContext, create
 
     name = re.sub(r"\W+", "_", case.name)
@@ -177,9 +237,23 @@ def _start(case: Case, root: Path, nb: int) -> tuple[Case, Any]:
         seed=SEED,
     )
     provider = create(case.provider, ctx, dict(case.args))
-    provider.set_meta(provider.complete_meta())
+    meta = provider.complete_meta()
+    provider.set_meta(meta)
     provider.make_file("train", 0)
-    return case, provider
+    twin = create(case.provider, ctx, dict(case.args))
+    twin.set_meta(_format_1(meta))
+    twin.make_file("train", 0)
+    return case, provider, twin
+
+
+def _format_1(meta: dict[str, Any]) -> dict[str, Any]:
+    """meta as a dataset dir built before format 2 holds it: its files are written as served."""
+    old = {k: v for k, v in meta.items() if k != "batch_format_version"}
+    old["batch_schema"] = [
+        {k: v for k, v in f.items() if k not in ("stored_dtype", "storage")}
+        for f in meta["batch_schema"]
+    ]
+    return old
 
 
 def _floor_seconds(data: bytes) -> float:

@@ -388,3 +388,18 @@ def test_malformed_payloads_are_corrupt(tmp_path: Path, payload: object, needle:
     torch.save(payload, path)
     with pytest.raises(CorruptBatchFile, match=needle):
         load_batch_file(path)
+
+
+def test_equal_metadata_encodes_to_equal_bytes_however_it_was_built() -> None:
+    """A file is a function of its contents: metadata whose strings are one shared object
+    (a schema parsed once) and metadata with equal but separate strings (parsed again in
+    another process) give the same bytes, so a seq made anywhere is the same file."""
+    tensors = {"x": torch.arange(12).reshape(3, 4)}
+    source = "tokens"
+    shared = {"schema": [{"source": source}, {"source": source}]}
+    separate = {
+        "schema": [{"source": "".join(["tok", "ens"])}, {"source": "".join(["to", "kens"])}]
+    }
+    a = encode_batch_file(seq=0, tensors=tensors, metadata=shared)
+    b = encode_batch_file(seq=0, tensors=tensors, metadata=separate)
+    assert a.data == b.data

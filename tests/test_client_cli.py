@@ -123,8 +123,11 @@ def test_meta_schema_and_stats_as_json_and_as_tables(
     assert schema["splits"]["train"] == {
         "batch_size": 4,
         "fields": [
-            {"name": "x", "dtype": "int64", "shape": [16], "role": "input"},
-            {"name": "y", "dtype": "int64", "shape": [16], "role": "target"},
+            # Served as int64, stored as one uint16 window per row that x and y view.
+            {"name": "x", "dtype": "int64", "shape": [16], "role": "input"}
+            | {"stored_dtype": "uint16", "storage": "window"},
+            {"name": "y", "dtype": "int64", "shape": [16], "role": "target"}
+            | {"stored_dtype": "uint16", "storage": "window"},
         ],
     }
     rc, out, _ = cli(

@@ -45,3 +45,69 @@ def test_staging_buffers_are_pinned_and_reused() -> None:
     assert all(buf.is_pinned() for slot in transfer.staging for buf in slot)
     # Same shapes and dtypes: the two slots' buffers are reused, never allocated again.
     assert [buf.data_ptr() for slot in transfer.staging for buf in slot] == first
+
+
+def _text_lm_table(corpus: Path) -> str:
+    return f"""
+[datasets.web]
+provider = "text_lm"
+batch_size = 2
+batches_per_file = 4
+[datasets.web.args]
+source = "{corpus.as_posix()}"
+separator = ""
+seq_len = 32
+micro_batch_size = 2
+eval_take = 4
+packing = "bin"
+"""
+
+
+def test_narrow_batches_are_widened_on_the_device(
+    start_server, corpus: Path, tmp_path: Path
+) -> None:
+    """Format 2 files: the narrow stored tensors cross the link (the pinned staging buffers
+    hold uint16 windows), and x/y, text_lm's labels, segment ids and mask are made on the
+    device, equal to the CPU's batches, with get_batch(device="cuda") and with CUDA out=."""
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n\n".join(f"doc {i} " + "word " * (i % 37 + 1) for i in range(200)) + "\n")
+    server = start_server(char_config(corpus, batches_per_file=4) + _text_lm_table(docs))
+    for dataset in ("chars", "web"):
+        with QueueClient(server.address, dataset, device="cpu") as cpu:
+            expected = [cpu.get_batch("train") for _ in range(9)]
+            expected = [
+                tuple(t.clone() for t in b)
+                if isinstance(b, tuple)
+                else {k: v.clone() for k, v in b.items()}
+                for b in expected
+            ]
+        with QueueClient(server.address, dataset, device="cuda") as gpu:
+            got = [gpu.get_batch("train") for _ in range(9)]
+            torch.cuda.synchronize()
+            staged = [buf for slot in gpu._transfer.staging for buf in slot]
+            assert staged and staged[0].dtype == torch.uint16 and staged[0].is_pinned()
+        with QueueClient(server.address, dataset, device="cuda") as gpu:
+            first = gpu.get_batch("train")
+            out = (
+                tuple(torch.empty_like(t) for t in first)
+                if isinstance(first, tuple)
+                else {k: torch.empty_like(v) for k, v in first.items()}
+            )
+            into = [first]
+            for _ in range(8):
+                gpu.get_batch("train", out=out)
+                torch.cuda.synchronize()
+                into.append(
+                    tuple(t.clone() for t in out)
+                    if isinstance(out, tuple)
+                    else {k: v.clone() for k, v in out.items()}
+                )
+        for want, a, b in zip(expected, got, into, strict=True):
+            pairs = (
+                zip(want, a, b, strict=True)
+                if isinstance(want, tuple)
+                else ((want[k], a[k], b[k]) for k in want)
+            )
+            for w, x, y in pairs:
+                assert x.is_cuda and y.is_cuda and x.dtype == w.dtype == y.dtype
+                assert torch.equal(x.cpu(), w) and torch.equal(y.cpu(), w)

@@ -18,3 +18,15 @@ def test_train_example_loss_falls(start_server, corpus: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "val loss" in proc.stdout
     assert server.split_stats("chars")["consumed_files"] >= 9
+
+
+def test_notebook_quickstart_serves_in_process_and_the_loss_falls(
+    corpus: Path, tmp_path: Path
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "notebook_quickstart.py"), "--input", str(corpus), "--data-root", str(tmp_path / "data"), "--steps", "40", "--expect-loss-drop", "0.5"],
+        capture_output=True, text=True, timeout=300, env=subprocess_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "step 39: loss" in proc.stdout and "now stopped" in proc.stdout
+    assert (tmp_path / "data" / "chars" / "meta.pkl").is_file()

@@ -92,8 +92,8 @@ def test_repeated_windows_fail(tmp_path: Path, capsys) -> None:
     build_data_dir(tmp_path, corpus(200), packing="sequential", files=1)
     qdir = queue_dir(tmp_path, "web", "train")
     first = sorted(qdir.iterdir())[0]
-    tensors = torch.load(first, weights_only=True)["tensors"]
-    write_batch_file(qdir, seq=1000, tensors=tensors, metadata={})  # the same batches twice
+    payload = torch.load(first, weights_only=True)  # the same batches twice, stored the same way
+    write_batch_file(qdir, seq=1000, tensors=payload["tensors"], metadata=payload["metadata"])
     assert main(["--data-dir", str(tmp_path), "--dataset", "web", "--splits", "train"]) == 1
     assert "duplicate-window rate" in capsys.readouterr().out
 

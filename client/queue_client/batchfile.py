@@ -9,6 +9,10 @@ directory: `encode_batch_file` (deterministic bytes and their crc32), then `publ
 (layout.atomic_write under the published name; a published file is never written again).
 Loading memory-maps the file copy-on-write (`torch.load(mmap=True, weights_only=True)`), so
 batches are views into the page cache and nothing in the file can run code.
+
+Version 2 files hold what each schema field's storage says (narrow token ids, one window for
+x and y, no derivable masks; storage.py); version 1 files hold the served fields themselves.
+Both load: `BatchFile.stored` is what the file holds, `BatchFile.tensors` the served fields.
 """
 
 from __future__ import annotations
@@ -16,15 +20,18 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import pickle
 import re
 import time
+import types
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from queue_client.errors import CorruptBatchFile
+from queue_client.errors import BatchQueueError, CorruptBatchFile
 
 # META_FILE, TMP_PREFIX and the name checks are re-exported, and the *_dir functions below
 # kept, for modules that still import them from here; new code takes every name and path
@@ -39,14 +46,21 @@ from queue_client.layout import (  # noqa: F401
 )
 
 FORMAT_NAME = "batchqueue.batchfile"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 files hold the served fields as they are; an old dataset dir keeps writing them.
+VERSIONS = (1, 2)
 
 EXT = ".pt"
 
 if TYPE_CHECKING:
     import torch
 
+    from queue_client.schema import FieldSpec
+
 _NAME_RE = re.compile(r"([0-9]{13})-([0-9]{10})-([0-9]+)\.pt")
+# The highest seq a request or a resume state may name: file names hold 10 digits of seq, and
+# the windows of files made past this one still fit in them.
+MAX_SEQ = 10**9 - 1
 
 
 def dataset_dir(root: Path, dataset: str) -> Path:
@@ -105,8 +119,11 @@ def encode_batch_file(
     tensors: Mapping[str, torch.Tensor],
     metadata: Mapping[str, Any],
     extras: Mapping[str, torch.Tensor] | None = None,
+    version: int = FORMAT_VERSION,
 ) -> EncodedBatchFile:
-    """The bytes of one batch file. Tensors are [num_batches, batch_size, *sample_shape].
+    """The bytes of one batch file. Tensors are what the file stores, each
+    [num_batches, ...]: the served fields in version 1, what metadata["schema"]'s storage
+    says in version 2 (storage.BatchCodec.encode makes them from the served fields).
 
     `extras` are tensors of any shape that travel with the file but are not batches (the
     per-batch token histograms of a curriculum candidate); readers of batches ignore them.
@@ -116,19 +133,36 @@ def encode_batch_file(
 
     if not tensors:
         raise ValueError("a batch file needs at least one tensor")
+    if version not in VERSIONS:
+        raise ValueError(f"batch file format version {version!r} is not one of {VERSIONS}")
     num_batches = int(next(iter(tensors.values())).shape[0])
     payload = {
         "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
+        "version": version,
         "metadata": {**metadata, "seq": seq, "num_batches": num_batches},
         "tensors": {k: v.contiguous() for k, v in tensors.items()},
     }
     if extras:
         payload["extras"] = {k: v.contiguous() for k, v in extras.items()}
     buf = io.BytesIO()
-    torch.save(payload, buf)
+    torch.save(payload, buf, pickle_module=_CANONICAL_PICKLE)
     data = buf.getvalue()
     return EncodedBatchFile(seq, num_batches, data, zlib.crc32(data))
+
+
+class _CanonicalPickler(pickle.Pickler):
+    """A pickler without a memo: equal metadata pickles to equal bytes whether or not its
+    strings and dicts happen to be shared objects (a plain pickler writes a back-reference for
+    the second use of one object, so the bytes would depend on how the metadata was built)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fast = True  # no memo; batch payloads hold no cycles
+
+
+# torch.save takes a pickle module and uses its Pickler.
+_CANONICAL_PICKLE = types.ModuleType("queue_client.batchfile.canonical_pickle")
+_CANONICAL_PICKLE.Pickler = _CanonicalPickler  # type: ignore[attr-defined]
 
 
 def publish_batch_file(directory: Path, encoded: EncodedBatchFile) -> PublishedFile:
@@ -145,9 +179,12 @@ def write_batch_file(
     tensors: Mapping[str, torch.Tensor],
     metadata: Mapping[str, Any],
     extras: Mapping[str, torch.Tensor] | None = None,
+    version: int = FORMAT_VERSION,
 ) -> PublishedFile:
     """Encode and publish one batch file (see encode_batch_file)."""
-    encoded = encode_batch_file(seq=seq, tensors=tensors, metadata=metadata, extras=extras)
+    encoded = encode_batch_file(
+        seq=seq, tensors=tensors, metadata=metadata, extras=extras, version=version
+    )
     return publish_batch_file(directory, encoded)
 
 
@@ -175,9 +212,36 @@ def file_crc32(path: Path) -> int:
 
 @dataclass(frozen=True)
 class BatchFile:
+    """A loaded batch file: `stored` is what it holds, each [num_batches, ...]."""
+
     metadata: dict[str, Any]
-    tensors: dict[str, torch.Tensor]
+    stored: dict[str, torch.Tensor]
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+
+    @property
+    def schema(self) -> tuple[FieldSpec, ...] | None:
+        """The file's own schema (metadata["schema"]), or None when it has none."""
+        from queue_client.schema import parse_schema
+
+        raw = self.metadata.get("schema")
+        return None if raw is None else parse_schema(raw)
+
+    @cached_property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The served fields of every batch, [num_batches, batch_size, *shape] each, as the
+        file's own schema reads them from what it stores (for tools and tests; trainers read
+        one batch at a time through storage.BatchCodec). Version 1 files and files without
+        a schema hold them as they are."""
+        schema = self.schema
+        if self.version < 2 or schema is None:
+            return self.stored
+        from queue_client.storage import codec_for
+
+        codec = codec_for(schema)
+        if codec.identity:
+            return {name: self.stored[name] for name in codec.names}
+        return codec.decode(self.stored)
 
 
 def load_batch_file(path: Path) -> BatchFile:
@@ -229,4 +293,17 @@ def _checked(payload: object, path: Path | str) -> BatchFile:
         isinstance(t, torch.Tensor) for t in extras.values()
     ):
         raise CorruptBatchFile(f"{path}: extras is not a table of tensors")
-    return BatchFile(metadata, tensors, extras)
+    loaded = BatchFile(metadata, tensors, extras, version)
+    batch_size = metadata.get("batch_size")
+    has_schema = metadata.get("schema") is not None
+    if version >= 2 and has_schema and isinstance(batch_size, int) and isinstance(nb, int):
+        # A version 2 file says how it stores its fields: what it holds must fit that.
+        from queue_client.storage import codec_for
+
+        try:
+            schema = loaded.schema
+            assert schema is not None
+            codec_for(schema).check_stored(tensors, (nb, batch_size))
+        except BatchQueueError as exc:
+            raise CorruptBatchFile(f"{path}: {exc}") from None
+    return loaded

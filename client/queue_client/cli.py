@@ -6,9 +6,13 @@
 
 The address is --address, else $BATCHQUEUE_ADDRESS, else 127.0.0.1:50051; the auth token is
 --token, else $BATCHQUEUE_TOKEN; a TLS server's certificate is trusted with --tls-ca-file,
-else $BATCHQUEUE_TLS_CA_FILE. Rates (files/s produced and consumed) are the difference of
-two GetStats snapshots taken --interval seconds apart. With --json the output is JSON (one
-document; one line per refresh with --watch) for scripts. `rich` is imported only to draw the
+else $BATCHQUEUE_TLS_CA_FILE. Rates of files produced and consumed are the difference of
+two GetStats snapshots taken --interval seconds apart; tokens/s and batches/s are the
+server's, over its last minute of consumption, which it keeps across a restart (so a
+restarted server that is making its files again does not show 0/s). Epochs and their ETA
+are shown where the provider's meta gives the split's size, else "unknown". --watch keeps
+going while the server restarts, saying that it is unreachable meanwhile. With --json the
+output is JSON (one document; one line per refresh with --watch) for scripts. `rich` is imported only to draw the
 terminal view, so importing queue_client stays light and --json needs no rich at all.
 """
 
@@ -44,6 +48,8 @@ def message_to_plain(message: Any) -> dict[str, Any]:
             out[fd.name] = [message_to_plain(v) if is_message else v for v in value]
         elif is_message:
             out[fd.name] = message_to_plain(value) if message.HasField(fd.name) else None
+        elif getattr(fd, "has_presence", False) and not message.HasField(fd.name):
+            out[fd.name] = None  # an optional scalar left unset: unknown, not 0
         elif fd.enum_type is not None:
             out[fd.name] = fd.enum_type.values_by_number[value].name
         else:
@@ -153,19 +159,38 @@ def stats_frames(
     interval_s: float,
     count: int | None,
     before: dict[str, pb.GetStatsResponse] | None = None,
+    *,
+    outlast_restarts: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Stats documents: one per interval, rates measured over it; `count` None runs forever."""
-    before = session.snapshot(names) if before is None else before
+    """Stats documents: one per interval, rates measured over it; `count` None runs forever.
+
+    With `outlast_restarts` (--watch) a server that cannot be reached gives a document with
+    "error" set and no datasets, and the next one that answers starts the rates afresh."""
+    prev: dict[str, pb.GetStatsResponse] | None = (
+        session.snapshot(names) if before is None else before
+    )
     t0 = time.monotonic()
     done = 0
     while count is None or done < count:
         # The measurement window of the rates, not a wait for some condition.
         time.sleep(interval_s)
-        after = session.snapshot(names)
-        t1 = time.monotonic()
-        yield stats_doc(session.address, after, before, t1 - t0)
-        before, t0 = after, t1
         done += 1
+        try:
+            after = session.snapshot(names)
+        except errors.ServerUnavailable as exc:
+            if not outlast_restarts:
+                raise
+            prev = None
+            yield {
+                "address": session.address,
+                "interval_s": None,
+                "datasets": [],
+                "error": str(exc),
+            }
+            continue
+        t1 = time.monotonic()
+        yield stats_doc(session.address, after, prev, t1 - t0 if prev is not None else None)
+        prev, t0 = after, t1
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -188,15 +213,21 @@ def cmd_stats(session: Session, args: argparse.Namespace, out: Callable[[str], N
             _console().print(_render_stats(doc))
         return 0
     if args.json:
-        for doc in stats_frames(session, names, args.interval, args.count):
+        for doc in stats_frames(session, names, args.interval, args.count, outlast_restarts=True):
             out(json.dumps(doc))
         return 0
     from rich.live import Live
 
     first = session.snapshot(names)
-    view = _render_stats(stats_doc(session.address, first, None, None))
-    with Live(view, console=_console(), auto_refresh=False) as live:
-        for doc in stats_frames(session, names, args.interval, args.count, first):
+    shown = stats_doc(session.address, first, None, None)
+    with Live(_render_stats(shown), console=_console(), auto_refresh=False) as live:
+        for doc in stats_frames(
+            session, names, args.interval, args.count, first, outlast_restarts=True
+        ):
+            if doc.get("error"):  # keep the last numbers on screen, under the error
+                doc = {**shown, "error": doc["error"]}
+            else:
+                shown = doc
             live.update(_render_stats(doc), refresh=True)
     return 0
 
@@ -244,6 +275,38 @@ def _rate_text(value: float | None) -> str:
     return "(-/s)" if value is None else f"({value:.1f}/s)"
 
 
+def _si(value: float) -> str:
+    """1234567 -> '1.23M': rates and counts at a glance."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}" if value != int(value) else str(int(value))
+
+
+def _duration(value_s: float) -> str:
+    seconds = round(value_s)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _epoch_text(split: dict[str, Any]) -> str:
+    """'2.37 (ETA 4m05s)', or 'unknown' when the provider gives no epoch size."""
+    epochs = split.get("epochs")
+    if epochs is None:
+        return "unknown"
+    eta = split.get("epoch_eta_s")
+    return f"{epochs:.2f}" + ("" if eta is None else f" (ETA {_duration(eta)})")
+
+
+def _mib(value: int) -> str:
+    return f"{value / (1 << 20):.0f} MiB" if value else "?"
+
+
 def _bar(value: int, limit: int, width: int = 8) -> str:
     filled = min(width, round(width * value / limit)) if limit > 0 else 0
     return f"{value}/{limit} " + "█" * filled + "░" * (width - filled)
@@ -261,26 +324,38 @@ def _render_stats(doc: dict[str, Any]) -> Any:
             title=Text.assemble(ds["dataset"], " ", (ds["state"], state_style)),
             title_justify="left",
         )
-        for col in ("split", "backlog", "produced", "consumed", "leased", "quarantined"):
+        columns = ("split", "backlog", "produced", "regenerated", "consumed", "tokens/s",
+                   "batches/s", "epochs", "leased", "quarantined")  # fmt: skip
+        for col in columns:
             splits.add_column(col, justify="left" if col in ("split", "backlog") else "right")
         ranks = Table(title=f"{ds['dataset']}: ranks", title_justify="left")
-        for col in ("split", "rank", "leased", "lag (files)", "last consumed seq"):
+        for col in ("split", "rank", "leased", "backlog", "lag (files)", "last consumed seq"):
             ranks.add_column(col, justify="left" if col == "split" else "right")
         notes = [ds["last_error"]]
         curricula: list[str] = []
+        workers: list[str] = []
         for s in ds["splits"]:
             splits.add_row(
                 s["split"], _bar(s["backlog_files"], s["backlog_limit"]), f"{s['produced_files']} {_rate_text(s['produced_per_s'])}",
-                f"{s['consumed_files']} {_rate_text(s['consumed_per_s'])}", str(s["leased_files"]), str(s["quarantined_files"]),
+                str(s["reproduced_files"]), str(s["consumed_files"]), _si(s["tokens_per_s"]), f"{s['batches_per_s']:.1f}",
+                _epoch_text(s), str(s["leased_files"]), str(s["quarantined_files"]),
             )  # fmt: skip
             for r in s["ranks"]:
                 ranks.add_row(
                     s["split"],
                     str(r["rank"]),
                     str(r["files_leased"]),
+                    str(r["ready_files"]),
                     str(r["lag_files"]),
                     str(r["last_consumed_seq"]),
                 )
+            if s["worker_pids"]:
+                sizes = ", ".join(
+                    f"{pid} {_mib(rss)}"
+                    for pid, rss in zip(s["worker_pids"], s["worker_rss_bytes"], strict=False)
+                )
+                workers.append(f"{s['split']} workers (pid, resident memory): {sizes}")
+            notes.extend(f"{s['split']}: {w}" for w in s["warnings"])
             if s["worker_restarts"]:
                 notes.append(f"{s['split']}: {s['worker_restarts']} worker restart(s)")
             if s["last_disk_error"]:
@@ -293,8 +368,10 @@ def _render_stats(doc: dict[str, Any]) -> Any:
                     f"{cur['candidate_files']} candidate files"
                 )
         parts += [splits, ranks]
-        parts += [Text(line) for line in curricula]
+        parts += [Text(line) for line in curricula + workers]
         parts += [Text(note, style="red") for note in notes if note]
+    if doc.get("error"):
+        parts.append(Text(f"{doc['error']} (retrying)", style="red"))
     return Group(*parts)
 
 

@@ -150,7 +150,7 @@ class QueueClient:
             stream = self._open_stream(split)
         if out is not None:
             return self._copy_into(stream, out)
-        tensors = self._transfer(stream.next_views())
+        tensors = stream.next_batch(self._transfer)
         if stream.xy:
             return tensors[0], tensors[1]
         return dict(zip(stream.names, tensors, strict=True))
@@ -160,19 +160,18 @@ class QueueClient:
         if isinstance(out, tuple) != stream.xy or len(targets) != len(stream.names):
             want = "an (X, Y) tuple" if stream.xy else f"a dict with {stream.names}"
             raise errors.SchemaMismatch(f"out= must be {want} for split {stream.split!r}")
-        views = stream.next_views()
         checked: list[torch.Tensor] = []
-        for name, target, view in zip(stream.names, targets, views, strict=True):
+        for name, target, (shape, dtype) in zip(stream.names, targets, stream.served, strict=True):
             if (
                 not isinstance(target, torch.Tensor)
-                or target.shape != view.shape
-                or target.dtype != view.dtype
+                or target.dtype is not dtype
+                or target.shape != shape
             ):
                 raise errors.SchemaMismatch(
-                    f"out= field {name!r} must be a {view.dtype} tensor of shape {tuple(view.shape)}"
+                    f"out= field {name!r} must be a {dtype} tensor of shape {tuple(shape)}"
                 )
             checked.append(target)
-        self._transfer.into(views, checked)
+        stream.next_into(self._transfer, checked)
         return out
 
     def set_curriculum(self, alpha: float | None, split: str = "train") -> int:

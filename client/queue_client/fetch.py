@@ -63,9 +63,19 @@ def choose_transport(transport: str, data_root: Path, server_root_id: str) -> st
 class FileFetcher:
     """Streams leased files of one client into memory, verified."""
 
-    def __init__(self, rpc: Rpc, client_id: str, *, max_bytes: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        rpc: Rpc,
+        client_id: str,
+        *,
+        max_bytes: int,
+        timeout_s: float,
+        chunk_bytes: int = 0,
+    ) -> None:
+        """chunk_bytes: the largest chunk to take (0: the server's default)."""
         if not isinstance(max_bytes, int) or max_bytes < 1:
             raise InvalidRequest(f"max_fetch_bytes {max_bytes!r} must be an integer >= 1")
+        self.chunk_bytes = chunk_bytes
         self._rpc = rpc
         self.client_id = client_id
         self.max_bytes = max_bytes
@@ -89,34 +99,36 @@ class FileFetcher:
         raise AssertionError("unreachable")
 
     def _fetch_once(self, lease_id: str, size_bytes: int, crc32: int, where: str) -> bytes:
-        request = pb.FetchFileRequest(lease_id=lease_id, client_id=self.client_id)
+        request = pb.FetchFileRequest(
+            lease_id=lease_id, client_id=self.client_id, max_chunk_bytes=self.chunk_bytes
+        )
         parts: list[bytes] = []
         received = 0
+        crc = 0  # running: each chunk is checked while gRPC's threads receive the next
         stream = self._rpc.stream("FetchFile", request, timeout_s=self.timeout_s)
         with contextlib.closing(stream):
             for chunk in stream:
+                data = chunk.data  # each read of a bytes field copies it: read it once
                 if not parts and (chunk.size_bytes, chunk.crc32) != (size_bytes, crc32):
                     raise CorruptBatchFile(
                         f"{where}: the server streams {chunk.size_bytes} bytes with crc32 "
                         f"{chunk.crc32:#010x}; the lease says {size_bytes} with {crc32:#010x}"
                     )
-                n = len(chunk.data)
+                n = len(data)
                 if chunk.offset_bytes != received or received + n > size_bytes:
                     raise CorruptBatchFile(
                         f"{where}: a chunk of {n} bytes at offset {chunk.offset_bytes} does not "
                         f"follow the {received} of {size_bytes} bytes received"
                     )
-                parts.append(chunk.data)
+                parts.append(data)
+                crc = zlib.crc32(data, crc)
                 received += n
         if received != size_bytes:
             raise CorruptBatchFile(
                 f"{where}: the stream ended after {received} of {size_bytes} bytes"
             )
-        data = b"".join(parts)
-        parts.clear()
-        crc = zlib.crc32(data)
         if crc != crc32:
             raise CorruptBatchFile(
                 f"{where}: the fetched bytes have crc32 {crc:#010x}, the server wrote {crc32:#010x}"
             )
-        return data
+        return parts[0] if len(parts) == 1 else b"".join(parts)

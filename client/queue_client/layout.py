@@ -12,10 +12,12 @@
         quarantine/<split>/candidates/    the same for curriculum candidates
         journal/<split>.jsonl             the split's journal (queue_server.journal)
         journal/<split>.candidates.jsonl  the journal of its curriculum candidates
+        stats/<split>.throughput.json     the split's consumption over the last minute (rates)
         curriculum/corpus-<key>.npy       cached corpus token distributions
         curriculum/<split>/composer-<seq>.npz   composer snapshots
         artifacts/<key>/                  providers' tokenized caches: <name>.npy + info.json
         tokenizer/                        text_lm's tokenizer snapshot
+        input-cache/                      blocks and copies of URL inputs (queue_providers.remote)
     <dataset>.reset-<utc>/                a dataset dir that `queue-server reset` moved aside
 
 Nothing else in batchqueue joins a path under the data root by hand: a name checked here
@@ -48,9 +50,11 @@ QUEUE_DIR = "queue"
 CANDIDATES_DIR = "candidates"
 QUARANTINE_DIR = "quarantine"
 JOURNAL_DIR = "journal"
+STATS_DIR = "stats"
 CURRICULUM_DIR = "curriculum"
 ARTIFACTS_DIR = "artifacts"
 TOKENIZER_DIR = "tokenizer"
+INPUT_CACHE_DIR = "input-cache"
 REASON_SUFFIX = ".reason.txt"
 ARTIFACT_INFO_FILE = "info.json"
 ARTIFACT_ARRAY_SUFFIX = ".npy"
@@ -159,6 +163,14 @@ class DatasetLayout:
         return self.journal_dir / f"{check_split_name(split)}{suffix}"
 
     @property
+    def stats_dir(self) -> Path:
+        return self.dir / STATS_DIR
+
+    def throughput_file(self, split: str) -> Path:
+        """The split's recent consumption, kept so that rates survive a server restart."""
+        return self.stats_dir / f"{check_split_name(split)}.throughput.json"
+
+    @property
     def curriculum_dir(self) -> Path:
         return self.dir / CURRICULUM_DIR
 
@@ -187,6 +199,11 @@ class DatasetLayout:
     def tokenizer_dir(self) -> Path:
         return self.dir / TOKENIZER_DIR
 
+    @property
+    def input_cache_dir(self) -> Path:
+        """Where blocks of a provider's URL inputs are cached (least recently used evicted)."""
+        return self.dir / INPUT_CACHE_DIR
+
     def leased_path(self, split: str, file_name: str) -> str:
         """A published file as a lease names it: relative to the data root, '/'-separated."""
         name = _check_key(file_name, "file name")
@@ -213,6 +230,11 @@ def artifact_info_file(artifact_dir: Path) -> Path:
 def artifact_array_file(artifact_dir: Path, name: str) -> Path:
     """Array `name` of a tokenized cache (see artifact_info_file)."""
     return Path(artifact_dir) / f"{_check_key(name, 'artifact array name')}{ARTIFACT_ARRAY_SUFFIX}"
+
+
+def input_cache_file(cache_dir: Path, name: str) -> Path:
+    """One entry (a block or a whole copy of a URL input) of an input cache directory."""
+    return Path(cache_dir) / _check_key(name, "input cache entry")
 
 
 def reason_file(quarantined: Path) -> Path:

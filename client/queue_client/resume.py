@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from queue_client.batchfile import MAX_SEQ
 from queue_client.errors import InvalidRequest
 from queue_client.world import World
 
@@ -73,9 +74,9 @@ def _plan_from_state(
     of batches_per_file batches is refused (it names no batch of that file)."""
 
     def nat(value: Any, what: str) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SEQ:
             raise InvalidRequest(
-                f"state of split {split!r}: {what} is {value!r}, expected an int >= 0"
+                f"state of split {split!r}: {what} is {value!r}, expected an int in [0, {MAX_SEQ}]"
             )
         return value
 

@@ -1,11 +1,16 @@
 """One split's stream of batches for one rank: the file being read, and the next one coming.
 
-get_batch's steady state is `[b[i] for b in batches]`: tuple indexing into views of a
-memory-mapped file that the background thread made once per file (`unbind`). No RPC, no
-syscall, no per-sample loop, and no torch call, so the trainer never hands the GIL to the
-client's own threads in the middle of a step. At a file boundary the prefetched file (leased, verified and
-paged in by a background thread) takes over, the finished one is released in the background,
-and the prefetch of the one after starts.
+get_batch's steady state is a list lookup: the background thread made each batch's views of
+the memory-mapped file once per file (`unbind`). What happens next depends on where the batch
+goes (transfer.py). A trainer that takes zero-copy CPU views gets views of the served fields:
+of the file itself when it stores them as served (format version 1, or a plain schema),
+else of the file decoded once in the background thread, so that call makes no RPC, no
+syscall, no per-sample loop and no torch call, and the trainer never hands the GIL to the
+client's own threads in the middle of a step. Copies (`out=`, copy=True, CUDA) start from the
+stored tensors instead, narrow token ids and all, and widen them on the way (storage.py).
+At a file boundary the prefetched file (leased, verified and paged in by a background thread)
+takes over, the finished one is released in the background, and the prefetch of the one after
+starts.
 
 With transport "grpc" the background thread streams the file instead of mapping it
 (fetch.py); the tensors then live in memory, and the hot path is the same.
@@ -13,6 +18,8 @@ With transport "grpc" the background thread streams the file instead of mapping 
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +34,9 @@ from queue_client import errors
 from queue_client.batchfile import BatchFile, file_crc32, load_batch_bytes, load_batch_file
 from queue_client.layout import DatasetLayout
 from queue_client.resume import StreamPlan
-from queue_client.schema import FieldSpec, check_tensors, is_xy
+from queue_client.schema import FieldSpec, is_xy, torch_dtype
+from queue_client.storage import BatchCodec, codec_for
+from queue_client.transfer import StoredBatch, Transfer
 from queue_client.wire import batchqueue_pb2 as pb
 
 CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
@@ -53,10 +62,27 @@ class LoadedFile:
     lease: LeaseRef
     seq: int
     num_batches: int
-    tensors: list[torch.Tensor]  # schema order, each [num_batches, batch_size, *shape]
-    batches: list[tuple[torch.Tensor, ...]]  # per field, the file's batches as views
+    codec: BatchCodec  # how this file stores the schema's fields
+    stored: list[torch.Tensor]  # codec.stored_names order, each [num_batches, ...]
+    batches: list[StoredBatch]  # per batch, its views of the stored tensors
+    # Per batch, the served fields as views (schema order): the file's own tensors when it
+    # stores them as served, else the file decoded at once; None until a trainer asks.
+    served: list[list[torch.Tensor]] | None = None
     start: int = 0  # the first batch to serve: later than 0 when resuming mid-file
     waited_s: float = 0.0  # how long get_batch blocked for this file
+
+    def decode(self, served: list[tuple[torch.Size, torch.dtype]]) -> list[list[torch.Tensor]]:
+        """Per batch, the served fields as views of the whole file decoded once (`served`: each
+        field's batch shape and dtype). The stored views go: what is served comes from the
+        decoded file from now on, and the map is let go (its pages would count twice in the
+        client's memory)."""
+        if self.served is None:
+            codec = self.codec
+            fields = [_anonymous((self.num_batches, *shape), dtype) for shape, dtype in served]
+            codec.serve_into(codec.field_views(self.stored), self.stored, fields)
+            self.served = [list(b) for b in zip(*(t.unbind(0) for t in fields), strict=True)]
+            self.stored, self.batches = [], []
+        return self.served
 
 
 @dataclass(frozen=True)
@@ -124,6 +150,16 @@ class SplitStream:
         self.schema = schema
         self.names = [f.name for f in schema]
         self.xy = is_xy(schema)
+        self.codec = codec_for(schema)
+        # Files of format version 1 hold the served fields themselves.
+        self._plain_codec = codec_for(tuple(FieldSpec(f.name, f.dtype, f.shape) for f in schema))
+        # What a batch is served as: (shape, dtype) per field, for checking out= buffers.
+        self.served = [
+            (torch.Size((source.batch_size, *f.shape)), torch_dtype(f.dtype)) for f in schema
+        ]
+        # Set once a trainer took zero-copy views: from then on each file is decoded in the
+        # prefetch thread, so those calls stay lookups.
+        self._wants_served = False
         self.stride = seq_stride
         self.prefetch = prefetch
         self.timeout_s = timeout_s
@@ -132,20 +168,52 @@ class SplitStream:
         self._plan: deque[tuple[int, int]] = deque(plan.items if plan else ())
         self._next_seq: int | None = plan.next_seq if plan else None
         self.current: LoadedFile | None = None
-        self._batches: list[tuple[torch.Tensor, ...]] = []
+        self._batches: list[StoredBatch] = []
+        self._served: list[list[torch.Tensor]] | None = None
         self._num_batches = 0
         self.offset = 0
         self._pending: Future[LoadedFile] | None = None
         self._pending_item: tuple[int, int] | None = None
 
     # ---- the hot path -------------------------------------------------------------------
-    def next_views(self) -> list[torch.Tensor]:
+    def next_batch(self, transfer: Transfer) -> list[torch.Tensor]:
+        """The next batch's served fields, in schema order, as `transfer` delivers them."""
         i = self.offset
         if i >= self._num_batches:
             self._advance()
             i = self.offset
         self.offset = i + 1
-        return [b[i] for b in self._batches]
+        if transfer.serves_views:
+            served = self._served
+            if served is None:
+                served = self._decode_current()
+            return served[i]
+        return transfer.deliver(self._batches[i])
+
+    def next_into(self, transfer: Transfer, outs: list[torch.Tensor]) -> None:
+        """Copy the next batch into `outs` (checked by the caller against `served`): from the
+        stored views, widening; from the served views where the file was decoded for views."""
+        i = self.offset
+        if i >= self._num_batches:
+            self._advance()
+            i = self.offset
+        self.offset = i + 1
+        batches = self._batches
+        if batches:
+            transfer.deliver_into(batches[i], outs)
+            return
+        served = self._served
+        assert served is not None  # a file's stored views go only once it is decoded
+        for out, view in zip(outs, served[i], strict=True):
+            out.copy_(view)
+
+    def _decode_current(self) -> list[list[torch.Tensor]]:
+        self._wants_served = True
+        cur = self.current
+        assert cur is not None
+        self._served = cur.decode(self.served)
+        self._batches = cur.batches
+        return self._served
 
     # ---- file boundaries ------------------------------------------------------------------
     def _take(self) -> tuple[int | None, int, bool]:
@@ -182,6 +250,7 @@ class SplitStream:
         loaded.waited_s = waited
         self.current = loaded
         self._batches = loaded.batches
+        self._served = loaded.served
         if old is not None:
             # The release job holds the finished file last, so it is unmapped off this thread.
             self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
@@ -239,13 +308,31 @@ class SplitStream:
                 f"{where} says seq {meta.get('seq')} with {meta.get('num_batches')} batches; the lease says "
                 f"seq {lease.seq} with {lease.num_batches}"
             )
-        check_tensors(self.schema, batch_file.tensors, (lease.num_batches, lease.batch_size))
-        tensors = [batch_file.tensors[name] for name in self.names]
+        codec = self.codec if batch_file.version >= 2 else self._plain_codec
+        try:
+            codec.check_stored(batch_file.stored, (lease.num_batches, lease.batch_size))
+        except errors.SchemaMismatch as exc:
+            raise errors.SchemaMismatch(f"{where}: {exc}") from None
+        tensors = [batch_file.stored[name] for name in codec.stored_names]
         if not streamed:  # streamed tensors were just written: their pages are in memory
             _prefault(tensors)
-        return LoadedFile(
-            ref, lease.seq, lease.num_batches, tensors, [t.unbind(0) for t in tensors]
-        )
+        per_tensor = [t.unbind(0) for t in tensors]
+        per_field = [None if v is None else v.unbind(0) for v in codec.field_views(tensors)]
+        batches = [
+            StoredBatch(
+                codec,
+                [None if f is None else f[i] for f in per_field],
+                [t[i] for t in per_tensor],
+            )
+            for i in range(lease.num_batches)
+        ]
+        loaded = LoadedFile(ref, lease.seq, lease.num_batches, codec, tensors, batches)
+        if codec.identity:
+            # The file holds the served fields: its views are what a trainer gets.
+            loaded.served = [b.fields for b in batches]  # type: ignore[misc]
+        elif self._wants_served:
+            loaded.decode(self.served)
+        return loaded
 
     def _map(self, lease: pb.Lease) -> tuple[str, BatchFile]:
         """Verify the leased file under data_root and map it: (its path, the file)."""
@@ -317,7 +404,17 @@ class SplitStream:
         cur, self.current = self.current, None
         if cur is not None:
             self.source.release(cur.lease, CONSUMED if self.offset >= cur.num_batches else RETURNED)
-        self._batches, self._num_batches, self.offset = [], 0, 0
+        self._batches, self._served, self._num_batches, self.offset = [], None, 0, 0
+
+
+def _anonymous(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in memory of its own (an anonymous map), given back to the
+    system the moment its last view goes. A file decoded into malloc'd memory instead leaves
+    the allocator's heap holding several files' worth once a few have come and gone."""
+    size = math.prod(shape) * dtype.itemsize
+    if size == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, size), dtype=dtype).view(shape)
 
 
 def _prefault(tensors: list[torch.Tensor]) -> None:

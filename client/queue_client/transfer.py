@@ -1,14 +1,22 @@
-"""Moving a batch from the mapped file to where the trainer wants it.
+"""Moving a batch from the mapped file to where the trainer wants it, in the dtypes the schema
+promises.
 
-CPU: the batch is a view into the memory-mapped file (zero-copy; the map stays alive as long
-as any view does, even after the file is deleted). With `copy=True` each field is copied into
-freshly allocated memory: a reused output buffer would be unsafe, because autograd keeps the
-previous batch's input ids alive (embedding backward reads them) with no Python reference
-that would tell us so.
+A batch arrives as a `StoredBatch`: its views of what the file stores (narrow token ids, one
+window for x and y, no derivable masks) and the codec that serves the fields from them
+(storage.py).
 
-CUDA: one memcpy into a pinned staging buffer, then one `non_blocking` host-to-device copy.
-Two staging slots alternate; an event recorded after each copy guards a slot's reuse, so the
-CPU never overwrites memory the GPU is still reading.
+CPU: by default the batch is a set of views (zero-copy; the map stays alive as long as any
+view does, even after the file is deleted); the stream hands those out itself, of the file
+decoded once when it stores narrow ids (`serves_views`). With `copy=True` each field is
+widened into freshly allocated memory, one copy per field: a reused output buffer would be
+unsafe, because autograd keeps the previous batch's input ids alive (embedding backward reads
+them) with no Python reference that would tell us so. `out=` buffers (deliver_into) get one
+widening `copy_` per field, straight from the narrow views.
+
+CUDA: one memcpy of the stored tensors into a pinned staging buffer, one `non_blocking`
+host-to-device copy of those narrow bytes, and the widening (and any derived field) on the
+device. Two staging slots alternate; an event recorded after each copy guards a slot's
+reuse, so the CPU never overwrites memory the GPU is still reading.
 """
 
 from __future__ import annotations
@@ -17,9 +25,30 @@ from collections.abc import Sequence
 
 import torch
 
+from queue_client.storage import BatchCodec
+
+
+class StoredBatch:
+    """One batch as a file stores it: per served field the narrow view of its values (None
+    for a derived field), the stored tensors' batch slices, and the codec that serves them."""
+
+    __slots__ = ("codec", "fields", "stored")
+
+    def __init__(
+        self,
+        codec: BatchCodec,
+        fields: list[torch.Tensor | None],
+        stored: list[torch.Tensor],
+    ) -> None:
+        self.codec = codec
+        self.fields = fields
+        self.stored = stored
+
 
 class Transfer:
-    """Callable that turns views of one batch into the tensors handed to the trainer."""
+    """Turns one stored batch into the tensors handed to the trainer (deliver), or writes it
+    into the trainer's own (deliver_into). Called with plain views, it hands them on as they
+    are (to the device, or copied): the legacy reader's batches."""
 
     def __init__(self, device: str | torch.device, copy: bool = False) -> None:
         self.device = torch.device(device)
@@ -32,6 +61,39 @@ class Transfer:
         self._slot = 0
 
     @property
+    def serves_views(self) -> bool:
+        """Batches go to the trainer as zero-copy CPU views (the stream hands them out)."""
+        return not self._is_cuda and not self.copy
+
+    def deliver(self, batch: StoredBatch) -> list[torch.Tensor]:
+        """The served fields of a stored batch: on the device, or widened into fresh memory."""
+        codec = batch.codec
+        if self._is_cuda:
+            dev = [buf.to(self.device, non_blocking=True) for buf in self._stage(batch.stored)]
+            self._record()
+            if codec.identity:
+                return dev
+            return codec.serve(codec.field_views(dev), dev)
+        return codec.serve(batch.fields, batch.stored, copy=self.copy)
+
+    def deliver_into(self, batch: StoredBatch, outs: Sequence[torch.Tensor]) -> None:
+        """Write a stored batch's served fields into the caller's tensors: on CPU one widening
+        copy_ per field; on CUDA the narrow bytes cross the link and are widened there."""
+        codec = batch.codec
+        if not self._is_cuda:
+            codec.serve_into(batch.fields, batch.stored, outs)
+            return
+        staged = self._stage(batch.stored)
+        if codec.identity:
+            for out, buf in zip(outs, staged, strict=True):
+                out.copy_(buf, non_blocking=True)
+            self._record()
+            return
+        dev = [buf.to(self.device, non_blocking=True) for buf in staged]
+        self._record()
+        codec.serve_into(codec.field_views(dev), dev, outs)
+
+    @property
     def staging(self) -> tuple[tuple[torch.Tensor, ...], ...]:
         """The pinned buffers of each staging slot (CUDA only; a slot is empty before its
         first batch). A view for tests and diagnostics: writing into them would race the
@@ -39,21 +101,12 @@ class Transfer:
         return tuple(tuple(slot) for slot in self._staging)
 
     def __call__(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Views of tensors stored as served, on their way to the trainer."""
         if self._is_cuda:
             return self._to_cuda(views)
         if self.copy:
             return [torch.empty(v.shape, dtype=v.dtype).copy_(v) for v in views]
         return list(views)
-
-    def into(self, views: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
-        """Copy a batch into the caller's own tensors (on CPU, or on the device via staging)."""
-        if self._is_cuda:
-            for out, staged in zip(outs, self._stage(views), strict=True):
-                out.copy_(staged, non_blocking=True)
-            self._record()
-            return
-        for out, v in zip(outs, views, strict=True):
-            out.copy_(v)
 
     def _stage(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         slot = self._slot

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from queue_client.errors import InvalidRequest
 
+# The most ranks a split is served to (the server refuses more, naming this bound).
+MAX_WORLD_SIZE = 65536
+
 
 @dataclass(frozen=True)
 class World:
@@ -19,9 +22,11 @@ class World:
         if (
             not isinstance(self.world_size, int)
             or isinstance(self.world_size, bool)
-            or self.world_size < 1
+            or not 1 <= self.world_size <= MAX_WORLD_SIZE
         ):
-            raise InvalidRequest(f"world_size {self.world_size!r} must be an int >= 1")
+            raise InvalidRequest(
+                f"world_size {self.world_size!r} must be an int in [1, {MAX_WORLD_SIZE}]"
+            )
         if (
             not isinstance(self.rank, int)
             or isinstance(self.rank, bool)

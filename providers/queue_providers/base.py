@@ -5,6 +5,12 @@ validation, the per-file RNG, stacking batches into a file and publishing it ato
 server runs providers in worker processes and decides *which* seq each worker produces next, so
 backpressure and ordering live in the server, not here.
 
+Storage: a file stores what each schema field's `storage` says (narrow token ids, x and y as
+one window, no derivable masks; queue_client/storage.py), in batch file format version 2.
+sample_batch still returns the served fields; make_file encodes them and checks that they
+read back identically. A dataset dir whose meta predates the format (no
+"batch_format_version") keeps writing version 1 files, the served fields as they are.
+
 Determinism: a file's content is a pure function of (config, seed, split, seq) for stateless
 providers, since the RNG is seeded from exactly those. A provider that streams (reads documents
 in order) also overrides `state_dict`/`load_state_dict`; the server journals the state before
@@ -24,6 +30,8 @@ from typing import Any
 import torch
 
 from queue_client.batchfile import (
+    FORMAT_VERSION,
+    VERSIONS,
     EncodedBatchFile,
     PublishedFile,
     encode_batch_file,
@@ -33,6 +41,7 @@ from queue_client.errors import MetaError
 from queue_client.layout import DatasetLayout
 from queue_client.meta import split_schema, validate_meta
 from queue_client.schema import FieldSpec, check_tensors
+from queue_client.storage import BatchCodec, codec_for
 from queue_providers.inputs import describe_inputs, inputs_fingerprint, path_args
 from queue_providers.seeding import derive_seed, torch_generator
 from queue_providers.token_ids import IdRange, check_ids, id_ranges
@@ -72,6 +81,8 @@ class DataProviderBase(abc.ABC):
         self.context = context
         self._schemas: dict[str, tuple[FieldSpec, ...]] = {}
         self._id_ranges: dict[str, tuple[IdRange, ...]] = {}
+        self._codecs: dict[str, BatchCodec] = {}
+        self.format_version = FORMAT_VERSION
 
     # ---- what a dataset overrides -------------------------------------------------------
     @abc.abstractmethod
@@ -125,6 +136,7 @@ class DataProviderBase(abc.ABC):
                 )
             meta[key] = value
         meta["batches_per_file"] = self.context.batches_per_file
+        meta["batch_format_version"] = FORMAT_VERSION
         records = describe_inputs(self.input_files()) if inputs is None else inputs
         meta["inputs_fingerprint"] = inputs_fingerprint(records)
         meta.update(self.context.extra_meta)
@@ -135,6 +147,8 @@ class DataProviderBase(abc.ABC):
         """Learn the split schemas from the meta the server settled on."""
         self._schemas = {split: split_schema(meta, split) for split in meta["split_info"]}
         self._id_ranges = {split: id_ranges(meta, s) for split, s in self._schemas.items()}
+        self._codecs = {split: codec_for(s) for split, s in self._schemas.items()}
+        self.format_version = batch_format_version(meta)
 
     def file_rng(self, split: str, seq: int) -> torch.Generator:
         """The RNG for one file: seeded from (seed, split, seq) alone, with all 63 bits of the
@@ -168,7 +182,11 @@ class DataProviderBase(abc.ABC):
         if self.context.histogram_field:
             extras = token_histograms(tensors, self.context.histogram_field)
             metadata["histogram_field"] = self.context.histogram_field
-        return encode_batch_file(seq=seq, tensors=tensors, metadata=metadata, extras=extras)
+        version = self.format_version
+        stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
+        return encode_batch_file(
+            seq=seq, tensors=stored, metadata=metadata, extras=extras, version=version
+        )
 
     def produce_file(self, split: str, seq: int, directory: Path) -> PublishedFile:
         """make_file, then publish it atomically into `directory` (its name carries the time)."""
@@ -220,6 +238,19 @@ class DataProviderBase(abc.ABC):
         """Called once when the worker process shuts down cleanly."""
 
 
+def batch_format_version(meta: Mapping[str, Any]) -> int:
+    """The batch file format a dataset's files are written in: meta's batch_format_version,
+    or 1 for a dataset dir built before the key existed (its files stay as they were)."""
+    version = meta.get("batch_format_version", 1)
+    if version not in VERSIONS:
+        raise MetaError(
+            f"meta batch_format_version {version!r} is not one this batchqueue writes "
+            f"({list(VERSIONS)}); the dataset dir was built by a newer batchqueue: upgrade it, "
+            "or `queue-server reset` the dataset"
+        )
+    return int(version)
+
+
 def token_histograms(
     tensors: Mapping[str, torch.Tensor], field_name: str
 ) -> dict[str, torch.Tensor]:
@@ -231,17 +262,30 @@ def token_histograms(
     values = tensors[field_name]
     if values.dtype.is_floating_point or values.dtype == torch.bool:
         raise MetaError(f"histogram field {field_name!r} holds {values.dtype}, not token ids")
-    offsets, ids, counts = [0], [], []
-    for batch in values.reshape(values.shape[0], -1).to(torch.int64):
-        unique, count = torch.unique(batch[batch >= 0], return_counts=True)
-        ids.append(unique.to(torch.int32))
-        counts.append(count.to(torch.int32))
-        offsets.append(offsets[-1] + int(unique.numel()))
+    # Every batch at once (no loop over batches): key = batch * span + id, counted by
+    # bincount when batches x span is small, else by one sort; keys come out by batch, then id.
+    flat = values.reshape(values.shape[0], -1).to(torch.int64)
+    nb = flat.shape[0]
+    span = max(int(flat.max()) + 1, 1) if flat.numel() else 1
+    keys = (torch.arange(nb, dtype=torch.int64).unsqueeze(1) * span + flat).reshape(-1)
+    if flat.numel() and int(flat.min()) < 0:  # padding labels are not counted
+        keys = keys[flat.reshape(-1) >= 0]
+    if nb * span <= _DENSE_HISTOGRAM_BINS:
+        dense = torch.bincount(keys, minlength=nb * span)
+        unique = torch.nonzero(dense).squeeze(1)
+        count = dense[unique]
+    else:
+        unique, count = torch.unique(keys, return_counts=True)
+    offsets = torch.zeros(nb + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.bincount(unique // span, minlength=nb), 0)
     return {
-        "token_hist_offsets": torch.tensor(offsets, dtype=torch.int64),
-        "token_hist_ids": torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32),
-        "token_hist_counts": torch.cat(counts) if counts else torch.zeros(0, dtype=torch.int32),
+        "token_hist_offsets": offsets,
+        "token_hist_ids": (unique % span).to(torch.int32),
+        "token_hist_counts": count.to(torch.int32),
     }
+
+
+_DENSE_HISTOGRAM_BINS = 1 << 22  # token_histograms counts into batches x ids bins up to this
 
 
 def _describe_paths(value: Any) -> Any:

@@ -27,10 +27,11 @@ import torch
 
 from queue_client.errors import ConfigError
 from queue_providers.base import ProviderContext
+from queue_providers.compact import labels, pad_mask, second_segment, token_ids
 from queue_providers.tokenized.provider import SPLITS, Arrays, TokenizedProvider
 from queue_providers.tokenized.ragged import encode_texts
 from queue_providers.tokenized.rows import IGNORE_INDEX, pair_rows, single_rows
-from queue_providers.tokenized.wordpiece import BERT_SPECIALS, MASK
+from queue_providers.tokenized.wordpiece import BERT_SPECIALS, MASK, PAD, SEP
 
 WHO = "bert_mlm"
 
@@ -73,6 +74,7 @@ class BertMLMProvider(TokenizedProvider[str]):
         mlm_probability: float = 0.15,
         mask_replace: float = 0.8,
         random_replace: float = 0.1,
+        remote: dict[str, Any] | None = None,
     ) -> None:
         self.pairs = bool(pairs)
         self.mlm_probability = _probability("mlm_probability", mlm_probability, open_low=True)
@@ -90,6 +92,7 @@ class BertMLMProvider(TokenizedProvider[str]):
             val_input=val_input,
             train_fraction=train_fraction,
             lowercase=lowercase,
+            remote=remote,
             min_block_size=5 if self.pairs else 3,
             require=BERT_SPECIALS,
         )
@@ -131,19 +134,16 @@ class BertMLMProvider(TokenizedProvider[str]):
 
     # ---- meta --------------------------------------------------------------------------------------
     def meta_fields(self) -> dict[str, Any]:
-        t = self.block_size
+        t, vocab = self.block_size, self.tok.vocab_size
+        pad, sep = self.tok.id(PAD), self.tok.id(SEP)
+        # A file stores input_ids (uint16 up to 65,536 ids) and labels (int16 up to 32,768);
+        # the mask and the segments follow from the ids' [PAD] and [SEP].
         fields = [
-            "input_ids",
-            *(["token_type_ids"] if self.pairs else []),
-            "attention_mask",
-            "labels",
+            token_ids("input_ids", [t], vocab),
+            *([second_segment("token_type_ids", [t], "input_ids", sep, pad)] if self.pairs else []),
+            pad_mask("attention_mask", [t], "input_ids", pad),
+            labels("labels", [t], vocab, ignore=IGNORE_INDEX),
         ]
-        roles = {
-            "input_ids": "input",
-            "token_type_ids": "input",
-            "attention_mask": "mask",
-            "labels": "target",
-        }
         return {
             "training_type": "MLM",
             "mask_token_id": self.tok.id(MASK),
@@ -153,9 +153,7 @@ class BertMLMProvider(TokenizedProvider[str]):
             "mlm_probability": self.mlm_probability,
             "mask_replace": self.mask_replace,
             "random_replace": self.random_replace,
-            "batch_schema": [
-                {"name": n, "dtype": "int64", "shape": [t], "role": roles[n]} for n in fields
-            ],
+            "batch_schema": fields,
         }
 
     # ---- sampling ----------------------------------------------------------------------------

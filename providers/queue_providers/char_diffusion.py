@@ -29,6 +29,8 @@ from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.char_lm import stdlib_corpus
+from queue_providers.compact import labels, token_ids
+from queue_providers.remote import read_text, resolve, shown, store_for
 from queue_providers.tokenized.rows import IGNORE_INDEX
 
 MASK_TOKEN = "[MASK]"
@@ -111,6 +113,7 @@ class CharDiffusionProvider(DataProviderBase):
         input: str | None = None,
         train_fraction: float = 0.9,
         stages: Sequence[Mapping[str, Any]] = DEFAULT_STAGES,
+        remote: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(context)
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
@@ -128,10 +131,12 @@ class CharDiffusionProvider(DataProviderBase):
         if input is None:
             (text, self._inputs), self.source = stdlib_corpus(), "python-stdlib"
         else:
-            path = Path(input).expanduser()
-            if not path.is_file():
+            # A path, or a URL (queue_providers.remote): read whole, through the input cache.
+            store = store_for(remote, context.layout.input_cache_dir, "char_diffusion")
+            path = resolve(input, store)
+            if isinstance(path, Path) and not path.is_file():
                 raise ConfigError(f"char_diffusion: input {str(path)!r} is not a file")
-            text, self.source = path.read_text(encoding="utf-8", errors="replace"), str(path)
+            text, self.source = read_text(path), shown(path)
             self._inputs = [path]
         ids, self.chars = encode_chars(text)
         self.mask_id = len(self.chars)
@@ -167,9 +172,10 @@ class CharDiffusionProvider(DataProviderBase):
             "itos": itos,
             "stages": [s.to_dict() for s in self.stages],
             "source": self.source,
+            # Stored as uint16 ids and int16 labels (-100 included) while the vocab allows.
             "batch_schema": [
-                {"name": "x", "dtype": "int64", "shape": [t], "role": "input"},
-                {"name": "y", "dtype": "int64", "shape": [t], "role": "target"},
+                token_ids("x", [t], self.mask_id + 1),
+                labels("y", [t], self.mask_id + 1, ignore=IGNORE_INDEX),
             ],
             "split_info": {split: {"tokens": len(d)} for split, d in self.data.items()},
         }

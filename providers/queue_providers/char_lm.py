@@ -2,7 +2,8 @@
 
 The vocabulary is every character of the text (sorted), the first `train_fraction` of the
 text is train and the rest val, and each batch is `batch_size` random windows of block_size+1
-characters split into x and y. With no `input`, the text is the source of Python's own standard
+characters split into x and y. A file stores each window once, in uint16 (uint32 past 65,536
+characters): x and y are its two views. With no `input`, the text is the source of Python's own standard
 library, which exists wherever Python does, so the default dataset needs no download.
 """
 
@@ -17,6 +18,8 @@ import torch
 
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.compact import lm_window_schema
+from queue_providers.remote import read_text, resolve, shown, store_for
 
 # The first stdlib modules in sorted order, up to this many characters: big enough to train
 # a tiny model, small enough to load in well under a second.
@@ -61,6 +64,7 @@ class CharLMProvider(DataProviderBase):
         block_size: int = 256,
         input: str | None = None,
         train_fraction: float = 0.9,
+        remote: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(context)
         if not isinstance(block_size, int) or block_size <= 0:
@@ -71,10 +75,12 @@ class CharLMProvider(DataProviderBase):
         if input is None:
             (text, self._inputs), self.source = stdlib_corpus(), "python-stdlib"
         else:
-            path = Path(input).expanduser()
-            if not path.is_file():
+            # A path, or a URL (queue_providers.remote): read whole, through the input cache.
+            store = store_for(remote, context.layout.input_cache_dir, "char_lm")
+            path = resolve(input, store)
+            if isinstance(path, Path) and not path.is_file():
                 raise ConfigError(f"char_lm input {str(path)!r} is not a file")
-            text, self.source = path.read_text(encoding="utf-8", errors="replace"), str(path)
+            text, self.source = read_text(path), shown(path)
             self._inputs = [path]
         chars = sorted(set(text))
         self.stoi = {ch: i for i, ch in enumerate(chars)}
@@ -107,10 +113,7 @@ class CharLMProvider(DataProviderBase):
             "stoi": self.stoi,
             "itos": self.itos,
             "source": self.source,
-            "batch_schema": [
-                {"name": "x", "dtype": "int64", "shape": [t], "role": "input"},
-                {"name": "y", "dtype": "int64", "shape": [t], "role": "target"},
-            ],
+            "batch_schema": lm_window_schema(t, len(self.stoi)),
             "split_info": {split: {"tokens": len(d)} for split, d in self.data.items()},
         }
 
@@ -118,4 +121,4 @@ class CharLMProvider(DataProviderBase):
         data = self.data[split]
         starts = torch.randint(len(data) - self.block_size, (self.batch_size, 1), generator=rng)
         windows = data[starts + self._offsets]
-        return {"x": windows[:, :-1].contiguous(), "y": windows[:, 1:].contiguous()}
+        return {"x": windows[:, :-1], "y": windows[:, 1:]}  # stacked into the file as they are

@@ -23,9 +23,11 @@ import torch
 
 from queue_client.errors import ConfigError
 from queue_providers.base import ProviderContext
+from queue_providers.compact import class_ids, pad_mask, token_ids
 from queue_providers.tokenized.labels import derive_label_map, parse_label_map
 from queue_providers.tokenized.provider import Arrays, TokenizedProvider
 from queue_providers.tokenized.ragged import encode_texts
+from queue_providers.tokenized.wordpiece import PAD
 
 WHO = "classification"
 SAMPLINGS = ("uniform", "stratified")
@@ -120,6 +122,7 @@ class ClassificationProvider(TokenizedProvider[Example]):
         label_map: Sequence[str] | Mapping[str, int] | None = None,
         sampling: str = "uniform",
         lowercase: bool | None = None,
+        remote: dict[str, Any] | None = None,
     ) -> None:
         if format is not None and format not in ("jsonl", "csv", "tsv"):
             raise ConfigError(f"{WHO}: format must be 'jsonl', 'csv' or 'tsv', got {format!r}")
@@ -137,6 +140,7 @@ class ClassificationProvider(TokenizedProvider[Example]):
             val_input=val_input,
             train_fraction=train_fraction,
             lowercase=lowercase,
+            remote=remote,
         )
 
     # ---- examples ---------------------------------------------------------------------------
@@ -197,10 +201,11 @@ class ClassificationProvider(TokenizedProvider[Example]):
             "num_classes": len(label_map),
             "label_map": label_map,
             "sampling": self.sampling,
+            # Stored: narrow ids and class ids; the mask follows from [PAD].
             "batch_schema": [
-                {"name": "input_ids", "dtype": "int64", "shape": [t], "role": "input"},
-                {"name": "attention_mask", "dtype": "int64", "shape": [t], "role": "mask"},
-                {"name": "labels", "dtype": "int64", "shape": [], "role": "target"},
+                token_ids("input_ids", [t], self.tok.vocab_size),
+                pad_mask("attention_mask", [t], "input_ids", self.tok.id(PAD)),
+                class_ids("labels", [], len(label_map)),
             ],
         }
 

@@ -9,6 +9,11 @@ Hashing a large corpus at every start would be slow, so a file whose size and mt
 record is trusted, and only a file whose size or mtime moved is hashed again: a file touched
 but unchanged is accepted, a file rewritten with other bytes is refused. The fingerprint
 covers paths and content (sha256) only, never mtimes, so a touch does not change it.
+
+An input at a URL (queue_providers.remote) is recorded by its URL without secrets, its size
+and its identity: the version id, content hash, ETag or modification time its server gives
+(fsspec info()), read when the provider listed it. Fetching a remote object to hash it at
+every start would cost a download, and the server's own identity changes whenever its bytes do.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError
+from queue_providers.remote import RemoteObject, RemotePath, is_url, redact
 
 # Files are hashed in chunks of this size; hashlib releases the GIL on each, so a few threads
 # hash a few files at once.
@@ -29,6 +35,8 @@ _CHUNK_BYTES = 1 << 20
 _HASH_THREADS = 4
 
 InputRecords = dict[str, dict[str, Any]]
+# What input_files() may hold: local paths, objects at URLs, or URLs as config strings.
+Input = Path | str | RemoteObject | RemotePath
 
 
 def sha256_file(path: Path) -> str:
@@ -41,9 +49,10 @@ def sha256_file(path: Path) -> str:
 
 
 def describe_inputs(
-    paths: Iterable[Path], known: Mapping[str, Mapping[str, Any]] | None = None
+    paths: Iterable[Input], known: Mapping[str, Mapping[str, Any]] | None = None
 ) -> InputRecords:
-    """{path: {"size", "mtime_ns", "sha256"}} for each file, keyed as the provider names it.
+    """{path: {"size", "mtime_ns", "sha256"}} for each file, keyed as the provider names it;
+    {url: {"size", "version"}} for each input at a URL, keyed by the URL without secrets.
 
     A file whose size and mtime_ns equal its entry in `known` keeps that entry's sha256 unread;
     any other file is hashed. Raises ConfigError naming a file that cannot be read.
@@ -52,6 +61,12 @@ def describe_inputs(
     records: InputRecords = {}
     to_hash: list[str] = []
     for path in paths:
+        if isinstance(path, RemotePath):
+            path = path.object()
+        if isinstance(path, RemoteObject) or is_url(path):
+            obj = path if isinstance(path, RemoteObject) else _listed(str(path))
+            records[obj.shown] = {"size": obj.size, "version": obj.identity}
+            continue
         key = os.fspath(path)
         try:
             st = os.stat(key)
@@ -71,6 +86,12 @@ def describe_inputs(
     return records
 
 
+def _listed(url: str) -> RemoteObject:
+    from queue_providers.remote import RemoteStore
+
+    return RemoteStore().stat(url)
+
+
 def _hash_or_raise(key: str) -> str:
     try:
         return sha256_file(Path(key))
@@ -79,13 +100,20 @@ def _hash_or_raise(key: str) -> str:
 
 
 def inputs_fingerprint(records: Mapping[str, Mapping[str, Any]]) -> str:
-    """16 hex digits over each input's path and sha256 (not its mtime: a touch is no change)."""
-    pairs = sorted((key, str(r["sha256"])) for key, r in records.items())
+    """16 hex digits over each input's path and sha256 (not its mtime: a touch is no change),
+    or for an input at a URL, its version and size."""
+    pairs = sorted((key, _content(r)) for key, r in records.items())
     return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
 
 
+def _content(record: Mapping[str, Any]) -> str:
+    if "sha256" in record:
+        return str(record["sha256"])
+    return f"{record.get('version')}|{record.get('size')}"
+
+
 def check_inputs(
-    paths: Sequence[Path],
+    paths: Sequence[Input],
     recorded: Mapping[str, Mapping[str, Any]],
     fingerprint: str,
     *,
@@ -120,7 +148,12 @@ def _changes(recorded: Mapping[str, Mapping[str, Any]], now: InputRecords) -> li
             changes.append(f"input {_shown(key)} is new")
         elif new is None:
             changes.append(f"input {_shown(key)} is no longer an input (removed or renamed)")
-        elif old.get("sha256") != new["sha256"]:
+        elif "version" in new and _content(old) != _content(new):
+            changes.append(
+                f"input {_shown(key)} changed: {old.get('size')} bytes, {old.get('version')} "
+                f"then; {new['size']} bytes, {new['version']} now"
+            )
+        elif "sha256" in new and old.get("sha256") != new["sha256"]:
             changes.append(
                 f"input {_shown(key)} changed: {old.get('size')} bytes, sha256 "
                 f"{str(old.get('sha256'))[:16]} then; {new['size']} bytes, sha256 "
@@ -130,7 +163,10 @@ def _changes(recorded: Mapping[str, Mapping[str, Any]], now: InputRecords) -> li
 
 
 def _shown(key: str) -> str:
-    """A path as the user can find it: absolute (a relative one is relative to the config)."""
+    """A path as the user can find it: absolute (a relative one is relative to the config);
+    a URL as it is (its secrets were removed when it was recorded)."""
+    if is_url(key):
+        return repr(redact(key))
     return repr(os.path.abspath(key))
 
 

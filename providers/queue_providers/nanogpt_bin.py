@@ -3,7 +3,8 @@
 nanoGPT's prepare.py scripts write `train.bin` and `val.bin` (token ids, uint16) and, for
 character-level sets, `meta.pkl` (vocab_size, stoi, itos). This provider reads those files
 unchanged and serves what nanoGPT's get_batch would: random windows, x = data[i:i+T] and
-y = data[i+1:i+1+T] as int64. Each .bin is memory-mapped once per process and windows are
+y = data[i+1:i+1+T] as int64. A batch file stores each window of T+1 tokens once, in the .bin
+file's own dtype (uint16, or uint32 past 65,536 ids). Each .bin is memory-mapped once per process and windows are
 gathered from that map; nanoGPT re-opens the map every batch, which costs a syscall per batch
 and buys nothing here since the gathered windows are copies.
 """
@@ -20,6 +21,8 @@ import torch
 from queue_client.errors import ConfigError
 from queue_client.meta import loads_plain
 from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.compact import lm_window_schema
+from queue_providers.remote import input_path, local_file, store_for
 
 # What nanoGPT's openwebtext and shakespeare (BPE) sets hold when they have no meta.pkl.
 GPT2_VOCAB_SIZE = 50257
@@ -55,6 +58,7 @@ class NanoGPTBinProvider(DataProviderBase):
         block_size: int = 1024,
         vocab_size: int | None = None,
         splits: Sequence[str] = ("train", "val"),
+        remote: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(context)
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
@@ -63,7 +67,10 @@ class NanoGPTBinProvider(DataProviderBase):
             raise ConfigError(
                 f"nanogpt_bin: splits must be a non-empty list of names, got {splits!r}"
             )
-        self.data_dir = Path(data_dir).expanduser()
+        # A path, or a URL (queue_providers.remote): each .bin is then copied into the input
+        # cache once, to be memory-mapped like a local one.
+        store = store_for(remote, context.layout.input_cache_dir, "nanogpt_bin")
+        self.data_dir = input_path(data_dir, store)
         if not self.data_dir.is_dir():
             raise ConfigError(f"nanogpt_bin: data_dir {str(self.data_dir)!r} is not a directory")
         self.block_size = block_size
@@ -123,10 +130,7 @@ class NanoGPTBinProvider(DataProviderBase):
             "block_size": t,
             "source": str(self.data_dir),
             "token_dtype": self.dtype.name,
-            "batch_schema": [
-                {"name": "x", "dtype": "int64", "shape": [t], "role": "input"},
-                {"name": "y", "dtype": "int64", "shape": [t], "role": "target"},
-            ],
+            "batch_schema": lm_window_schema(t, self.vocab_size),
             "split_info": {
                 split: {"tokens": n, "file": self.paths[split].name}
                 for split, n in self.tokens.items()
@@ -146,7 +150,8 @@ class NanoGPTBinProvider(DataProviderBase):
         """The split's tokens, mapped once per process."""
         mm = self._maps.get(split)
         if mm is None:
-            mm = self._maps[split] = np.memmap(self.paths[split], dtype=self.dtype, mode="r")
+            local = local_file(self.paths[split])
+            mm = self._maps[split] = np.memmap(local, dtype=self.dtype, mode="r")
         return mm
 
     def window_starts(self, split: str, rng: torch.Generator) -> torch.Tensor:
@@ -166,7 +171,7 @@ class NanoGPTBinProvider(DataProviderBase):
                 f"nanogpt_bin: {self.paths[split]} holds token id {top} >= vocab_size {self.vocab_size}"
             )
         windows = torch.from_numpy(rows)
-        return {"x": windows[:, :-1].contiguous(), "y": windows[:, 1:].contiguous()}
+        return {"x": windows[:, :-1], "y": windows[:, 1:]}
 
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         return self.windows(split, self.window_starts(split, rng))

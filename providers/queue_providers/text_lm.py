@@ -1,7 +1,8 @@
 """text_lm: a streaming text corpus, tokenized and packed into fixed [A, B, T] LM batches.
 
 Sources are .txt files (a document per file, or split by a separator line), JSONL (a text
-key) or Parquet (a text column), read as streams. Tokenizers are byte, char or hf. Packing is
+key) or Parquet (a text column), read as streams. Tokenizers are byte, char, hf (a file, a
+folder or a cached hub name) or tiktoken. Packing is
 sequential (one stream, no padding) or bin (whole documents best-fit). val is the corpus's
 first `eval_take` documents and train the rest; each worker of a split reads a disjoint shard,
 reshuffled every epoch. The stream's state is journaled with each file, so any file can be
@@ -25,8 +26,11 @@ import torch
 from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError, MetaError
 from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.compact import packed_lm_schema
+from queue_providers.remote import RemoteSettings, RemoteStore
+from queue_providers.text.corpus import open_corpus
 from queue_providers.text.errors import CorpusError
-from queue_providers.text.files import corpus_digest, discover
+from queue_providers.text.files import corpus_digest
 from queue_providers.text.packing import IGNORE, PACKING_MODES
 from queue_providers.text.plan import (
     CHUNKS_PER_WORKER,
@@ -39,7 +43,13 @@ from queue_providers.text.plan import (
 )
 from queue_providers.text.readers import ReadOptions, iter_docs
 from queue_providers.text.stream import SplitStream, StreamConfig
-from queue_providers.text.tokenizer import KINDS, TextTokenizer, load_tokenizer, prepare_tokenizer
+from queue_providers.text.tokenizer import (
+    TextTokenizer,
+    load_tokenizer,
+    parse_tokenizer_arg,
+    prepare_tokenizer,
+    tokenizer_files,
+)
 
 __all__ = ["CorpusError", "TextLMProvider"]
 
@@ -60,7 +70,7 @@ class TextLMProvider(DataProviderBase):
         self,
         context: ProviderContext,
         *,
-        source: str | list[str],
+        source: str | list[str] | None = None,
         tokenizer: str = "byte",
         seq_len: int = 1024,
         micro_batch_size: int = 8,
@@ -73,8 +83,14 @@ class TextLMProvider(DataProviderBase):
         text_key: str = "text",
         tokenizer_path: str | None = None,
         eos_token: str | None = None,
+        tiktoken_pattern: str | None = None,
         utf8_errors: str = "replace",
         max_document_bytes: int = 64 << 20,
+        hf_dataset: str | None = None,
+        hf_config: str | None = None,
+        hf_revision: str | None = None,
+        hf_splits: dict[str, str] | None = None,
+        remote: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(context)
         self.seq_len = _positive_int("seq_len", seq_len)
@@ -88,16 +104,13 @@ class TextLMProvider(DataProviderBase):
             raise ConfigError(f"text_lm eval_take must be an int >= 0, got {eval_take!r}")
         if not isinstance(shuffle, bool):
             raise ConfigError(f"text_lm shuffle must be true or false, got {shuffle!r}")
-        if tokenizer not in KINDS:
-            raise ConfigError(f"text_lm tokenizer must be one of {list(KINDS)}, got {tokenizer!r}")
-        if tokenizer == "hf" and not tokenizer_path:
-            raise ConfigError(
-                "text_lm tokenizer 'hf' needs tokenizer_path, the path of a tokenizer.json"
-            )
+        # A tokenizer named by the config (a hub name, a tiktoken encoding) is looked up when
+        # meta is built, not here: every worker loads the dataset's snapshot instead.
+        tokenizer, tokenizer_path = parse_tokenizer_arg(tokenizer, tokenizer_path)
+        self.tiktoken_pattern = tiktoken_pattern
         self.packing = packing
         self.eval_take = eval_take
         self.shuffle = shuffle
-        self.source = source
         self.tokenizer_kind = tokenizer
         self.tokenizer_path = tokenizer_path
         self.eos_token = eos_token
@@ -108,32 +121,52 @@ class TextLMProvider(DataProviderBase):
             max_document_bytes=_positive_int("max_document_bytes", max_document_bytes),
         )
         # Listing and stat-ing the files is cheap; reading them waits for build_meta/set_meta.
-        self.files = discover(source, format=format, one_doc_per_file=separator is None)
+        self.store = RemoteStore(
+            RemoteSettings.from_config(
+                remote, cache_dir=context.layout.input_cache_dir, who="text_lm"
+            )
+        )
+        self.corpus = open_corpus(
+            source,
+            hf_dataset=hf_dataset,
+            hf_config=hf_config,
+            hf_revision=hf_revision,
+            hf_splits=hf_splits,
+            format=format,
+            one_doc_per_file=separator is None,
+            store=self.store,
+        )
+        self.files, self.source = self.corpus.files, self.corpus.shown
         self.tokenizer: TextTokenizer | None = None
         self._meta: Mapping[str, Any] | None = None
         self._streams: dict[str, SplitStream] = {}
 
     # ---- meta -------------------------------------------------------------------------------
     def input_files(self) -> list[Path]:
-        """The corpus files and the tokenizer file (the snapshot under the dataset keeps
+        """The corpus files and the tokenizer's files (the snapshot under the dataset keeps
         serving consistent, but a replaced tokenizer means the config asks for other data)."""
-        tokenizer = [Path(self.tokenizer_path).expanduser()] if self.tokenizer_path else []
+        tokenizer = tokenizer_files(
+            self.tokenizer_kind,
+            self.tokenizer_path,
+            eos_token=self.eos_token,
+            pattern=self.tiktoken_pattern,
+        )
         return [*(f.path for f in self.files), *tokenizer]
 
     def build_meta(self) -> dict[str, Any]:
-        boundary = find_boundary(self.files, self.opts, self.eval_take, self.source)
+        fixed = self.corpus.fixed_boundary()  # val is a split of a Hugging Face dataset
+        boundary = fixed or find_boundary(self.files, self.opts, self.eval_take, self.source)
         tok, info = prepare_tokenizer(
             self.tokenizer_kind,
             self.context.layout,
             tokenizer_path=self.tokenizer_path,
             eos_token=self.eos_token,
+            pattern=self.tiktoken_pattern,
             corpus_texts=lambda: (text for _, _, text in iter_corpus(self.files, self.opts)),
         )
         a, b, t = self.batch_size, self.micro_batch_size, self.seq_len
         # Train starts at document eval_take of the corpus; val is the documents before it.
-        splits: dict[str, Any] = {"train": {"first_document": self.eval_take}}
-        if self.eval_take:
-            splits["val"] = {"first_document": 0, "documents": self.eval_take}
+        splits = self.corpus.split_info(self.eval_take)
         meta: dict[str, Any] = {
             "training_type": "LM",
             "vocab_size": tok.vocab_size,
@@ -146,20 +179,24 @@ class TextLMProvider(DataProviderBase):
             "pad_id": tok.pad_id,
             "ignore_index": IGNORE,
             "tokenizer": info,
-            "batch_schema": [
-                {"name": "input_ids", "dtype": "int32", "shape": [b, t], "role": "input"},
-                {"name": "labels", "dtype": "int32", "shape": [b, t], "role": "target"},
-                {"name": "attention_mask", "dtype": "bool", "shape": [b, t], "role": "mask"},
-                {"name": "segment_ids", "dtype": "int32", "shape": [b, t], "role": ""},
-            ],
+            # A file stores one window of T+1 ids per row (uint16 up to 65,536 ids) and, with
+            # bin packing, each row's length: labels, segment_ids and the mask follow.
+            "batch_schema": packed_lm_schema(
+                [b, t],
+                tok.vocab_size,
+                eos_id=tok.eos_id,
+                ignore=IGNORE,
+                padded=self.packing == "bin",
+            ),
             "split_info": splits,
             "text_lm": {
                 "corpus_files": len(self.files),
                 "corpus_bytes": sum(f.size for f in self.files),
                 "corpus_digest": corpus_digest(self.files),
-                "boundary": [boundary.file, boundary.key] if self.eval_take else None,
+                "boundary": [boundary.file, boundary.key] if self.eval_take or fixed else None,
                 "eval_take": self.eval_take,
                 "shuffle_buffer": self.shuffle_buffer,
+                **({"hf": self.corpus.hf_info} if self.corpus.hf_info else {}),
             },
         }
         if tok.kind == "char":

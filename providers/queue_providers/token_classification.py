@@ -25,10 +25,12 @@ import torch
 
 from queue_client.errors import ConfigError
 from queue_providers.base import ProviderContext
+from queue_providers.compact import labels, pad_mask, token_ids
 from queue_providers.tokenized.labels import derive_label_map, parse_label_map
 from queue_providers.tokenized.provider import Arrays, TokenizedProvider
 from queue_providers.tokenized.ragged import Ragged, encode_words
 from queue_providers.tokenized.rows import IGNORE_INDEX
+from queue_providers.tokenized.wordpiece import PAD
 
 WHO = "token_classification"
 DOCSTART = "-DOCSTART-"
@@ -113,6 +115,7 @@ class TokenClassificationProvider(TokenizedProvider[Sentence]):
         num_columns: int | None = None,
         label_map: Sequence[str] | Mapping[str, int] | None = None,
         lowercase: bool | None = None,
+        remote: dict[str, Any] | None = None,
     ) -> None:
         for key, col in (("token_column", token_column), ("tag_column", tag_column)):
             if not isinstance(col, int) or isinstance(col, bool):
@@ -141,6 +144,7 @@ class TokenClassificationProvider(TokenizedProvider[Sentence]):
             val_input=val_input,
             train_fraction=train_fraction,
             lowercase=lowercase,
+            remote=remote,
         )
 
     # ---- sentences ----------------------------------------------------------------------------
@@ -203,10 +207,12 @@ class TokenClassificationProvider(TokenizedProvider[Sentence]):
             "label_map": label_map,
             "label_alignment": "first_subword",
             "ignore_index": IGNORE_INDEX,
+            # Stored: narrow ids and tag ids (int8 up to 128 tags, -100 included); the mask
+            # follows from [PAD].
             "batch_schema": [
-                {"name": "input_ids", "dtype": "int64", "shape": [t], "role": "input"},
-                {"name": "attention_mask", "dtype": "int64", "shape": [t], "role": "mask"},
-                {"name": "labels", "dtype": "int64", "shape": [t], "role": "target"},
+                token_ids("input_ids", [t], self.tok.vocab_size),
+                pad_mask("attention_mask", [t], "input_ids", self.tok.id(PAD)),
+                labels("labels", [t], len(label_map), ignore=IGNORE_INDEX),
             ],
         }
 

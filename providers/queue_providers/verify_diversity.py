@@ -15,7 +15,11 @@ up to N. Over those first N batches of each split it reports:
     (there it may be the tail of a document begun earlier). In bin packing every such segment
     is a whole document or the fixed last piece of a long one, so all are hashed. Segments
     shorter than --min-doc-tokens are left out: short lines ("Exeunt.") recur in any corpus;
-  - the share of padding tokens.
+  - the share of padding tokens;
+  - with --near-duplicates, documents that differ by a few words: MinHash over shingles of
+    --shingle-size token ids, LSH for candidate pairs (near_duplicates.py; needs the extra
+    `dedup`), each pair reported with its estimated similarity and where both were read
+    (split, file seq, batch, row, and the rank with --world-size), within and across splits.
 It exits 1 when train's duplicate rate or the overlap exceeds its threshold, 2 when it cannot
 read the batches. val is a fixed set that repeats every epoch, so its windows repeat as soon as
 N batches exceed it: its rate is shown, and judged only with --judge-val-duplicates.
@@ -40,6 +44,7 @@ from queue_client.batchfile import load_batch_file, scan_queue
 from queue_client.errors import BatchQueueError
 from queue_client.layout import DatasetLayout
 from queue_client.meta import load_meta
+from queue_providers.near_duplicates import MissingExtra, NearDuplicates, Place
 
 IGNORE = -100
 
@@ -74,13 +79,25 @@ class SplitStats:
 class DiversityCheck:
     """Accumulates batches of any split; `report()` compares them."""
 
-    def __init__(self, *, packing: str = "sequential", min_doc_tokens: int = 16) -> None:
+    def __init__(
+        self,
+        *,
+        packing: str = "sequential",
+        min_doc_tokens: int = 16,
+        near: NearDuplicates | None = None,
+        world_size: int | None = None,
+    ) -> None:
         self.packing = packing
         self.min_doc_tokens = min_doc_tokens
         self.splits: dict[str, SplitStats] = {}
+        self.near = near  # also looks for near-duplicate documents when set
+        self.world_size = world_size
 
-    def add(self, split: str, batch: Mapping[str, torch.Tensor]) -> None:
-        """One batch: input_ids, labels, attention_mask, segment_ids, any leading shape."""
+    def add(
+        self, split: str, batch: Mapping[str, torch.Tensor], where: tuple[int, int] = (-1, -1)
+    ) -> None:
+        """One batch: input_ids, labels, attention_mask, segment_ids, any leading shape;
+        `where` is (the file's seq, the batch's index in it), for near-duplicate reports."""
         stats = self.splits.setdefault(split, SplitStats())
         ids = batch["input_ids"].cpu().numpy()
         t = ids.shape[-1]
@@ -97,12 +114,20 @@ class DiversityCheck:
             if h in stats.window_hashes:
                 stats.duplicate_windows += 1
             stats.window_hashes.add(h)
-            for doc in self._documents(ids[row], labels[row], segs[row]):
+            for s, e in self._spans(labels[row], segs[row]):
+                doc = _digest(ids[row, s:e].tobytes())
                 if doc in stats.documents:
                     stats.repeated_documents += 1
                 stats.documents.add(doc)
+                if self.near is not None:
+                    self.near.add(ids[row, s:e], doc, Place(split, *where, row))
 
     def _documents(self, ids: np.ndarray, labels: np.ndarray, segs: np.ndarray) -> Iterator[bytes]:
+        for s, e in self._spans(labels, segs):
+            yield _digest(ids[s:e].tobytes())
+
+    def _spans(self, labels: np.ndarray, segs: np.ndarray) -> Iterator[tuple[int, int]]:
+        """[start, end) of each segment of a row that counts as a document (module doc)."""
         cuts = np.flatnonzero(np.diff(segs)) + 1
         starts = np.concatenate([[0], cuts]).tolist()
         ends = np.concatenate([cuts, [len(segs)]]).tolist()
@@ -111,13 +136,15 @@ class DiversityCheck:
                 continue
             if s == 0 and self.packing == "sequential":
                 continue
-            yield _digest(ids[s:e].tobytes())
+            yield s, e
 
-    def report(self) -> dict[str, Any]:
+    def report(self, near_pairs_shown: int = 20) -> dict[str, Any]:
         out: dict[str, Any] = {"splits": {name: s.summary() for name, s in self.splits.items()}}
         train, val = self.splits.get("train"), self.splits.get("val")
         out["overlap_documents"] = len(train.documents & val.documents) if train and val else 0
         out["compared"] = bool(train and val)
+        if self.near is not None:
+            out["near_duplicates"] = self.near.report(self.world_size, near_pairs_shown)
         return out
 
 
@@ -142,7 +169,7 @@ def _read_queue(
             for i in range(nb):
                 if seen >= batches:
                     break
-                check.add(split, {k: v[i] for k, v in bf.tensors.items()})
+                check.add(split, {k: v[i] for k, v in bf.tensors.items()}, (name.seq, i))
                 seen += 1
             if seen >= batches:
                 break
@@ -162,16 +189,27 @@ def server_data_root(address: str, dataset: str) -> Path:
 
 
 def check_dataset(
-    layout: DatasetLayout, splits: Sequence[str] | None, batches: int, min_doc_tokens: int
+    layout: DatasetLayout,
+    splits: Sequence[str] | None,
+    batches: int,
+    min_doc_tokens: int,
+    near: NearDuplicates | None = None,
+    world_size: int | None = None,
 ) -> DiversityCheck:
-    """A DiversityCheck over the queued files of `layout`'s dataset (every split by default)."""
+    """A DiversityCheck over the queued files of `layout`'s dataset (every split by default),
+    looking for near-duplicates too when `near` is given."""
     if not layout.meta_file.is_file():
         raise BatchQueueError(
             f"{layout.meta_file} is not there: the data root {layout.root} holds no dataset "
             f"{layout.dataset!r} (a server's root must be visible here; see --data-dir)"
         )
     meta = load_meta(layout.meta_file)
-    check = DiversityCheck(packing=_meta_packing(meta), min_doc_tokens=min_doc_tokens)
+    check = DiversityCheck(
+        packing=_meta_packing(meta),
+        min_doc_tokens=min_doc_tokens,
+        near=near,
+        world_size=world_size,
+    )
     _read_queue(layout, splits or list(meta["split_info"]), batches, check)
     return check
 
@@ -194,8 +232,39 @@ def format_report(report: Mapping[str, Any], verdict: Sequence[str]) -> str:
         lines.append(
             "train/val document overlap: not checked (needs batches of both train and val)"
         )
+    if "near_duplicates" in report:
+        lines += format_near_duplicates(report["near_duplicates"])
     lines.append("verdict: " + ("OK" if not verdict else "FAIL: " + "; ".join(verdict)))
     return "\n".join(lines)
+
+
+def format_near_duplicates(near: Mapping[str, Any]) -> list[str]:
+    """The near-duplicate section: counts, then one line per pair shown."""
+
+    def at(doc: Mapping[str, Any]) -> str:
+        where = doc["at"]
+        rank = f" rank {where['rank']}" if "rank" in where else ""
+        return (
+            f"{where['split']} seq {where['seq']} batch {where['batch']} row {where['row']}"
+            f"{rank} ({doc['tokens']} tokens)"
+        )
+
+    lines = [
+        f"near-duplicates (similarity >= {near['threshold']}, shingles of {near['shingle']} "
+        f"tokens): {near['pairs']} pairs among {near['documents']} distinct documents, "
+        f"{near['pairs_across_splits']} across splits"
+        + (
+            f", {near['pairs_across_ranks']} across ranks"
+            if near.get("pairs_across_ranks") is not None
+            else ""
+        )
+    ]
+    lines += [
+        f"  {pair['similarity']:.3f}  {at(pair['a'])}  ~  {at(pair['b'])}" for pair in near["shown"]
+    ]
+    if near["pairs"] > len(near["shown"]):
+        lines.append(f"  ... and {near['pairs'] - len(near['shown'])} more (--json lists more)")
+    return lines
 
 
 def judge(
@@ -204,6 +273,7 @@ def judge(
     max_overlap: int,
     *,
     judge_val: bool = False,
+    max_near_duplicate_pairs: int | None = None,
 ) -> list[str]:
     """The thresholds exceeded, as readable reasons (empty when all is well)."""
     reasons = []
@@ -216,6 +286,10 @@ def judge(
             )
     if report["overlap_documents"] > max_overlap:
         reasons.append(f"train/val overlap {report['overlap_documents']} documents > {max_overlap}")
+    near = report.get("near_duplicates")
+    if near is not None and max_near_duplicate_pairs is not None:
+        if near["pairs"] > max_near_duplicate_pairs:
+            reasons.append(f"{near['pairs']} near-duplicate pairs > {max_near_duplicate_pairs}")
     return reasons
 
 
@@ -240,23 +314,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="fail on val's duplicate windows too (keep --batches below one val epoch)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    near = parser.add_argument_group("near-duplicates (needs the extra: batchqueue[dedup])")
+    near.add_argument(
+        "--near-duplicates", action="store_true", help="also find documents that differ a little"
+    )
+    near.add_argument(
+        "--threshold", type=float, default=0.8, help="estimated Jaccard similarity of a pair"
+    )
+    near.add_argument("--shingle-size", type=int, default=5, help="token ids per shingle")
+    near.add_argument("--num-perm", type=int, default=128, help="MinHash permutations")
+    near.add_argument("--world-size", type=int, default=None, help="name each file's rank")
+    near.add_argument("--show-pairs", type=int, default=20, help="pairs listed in the report")
+    near.add_argument(
+        "--max-near-duplicate-pairs",
+        type=int,
+        default=None,
+        help="fail when more pairs are found (default: report only)",
+    )
     args = parser.parse_args(argv)
+    finder = None
+    if args.near_duplicates:
+        try:
+            finder = NearDuplicates(
+                threshold=args.threshold, shingle=args.shingle_size, num_perm=args.num_perm
+            )
+        except (MissingExtra, ValueError) as exc:
+            print(f"verify_diversity: --near-duplicates: {exc}", file=sys.stderr)
+            return 2
     try:
         if args.data_dir is not None:
             root = Path(os.path.expanduser(args.data_dir))
         else:
             root = server_data_root(args.address, args.dataset)
         layout = DatasetLayout(root.expanduser(), args.dataset)
-        check = check_dataset(layout, args.splits, args.batches, args.min_doc_tokens)
+        check = check_dataset(
+            layout, args.splits, args.batches, args.min_doc_tokens, finder, args.world_size
+        )
     except (BatchQueueError, OSError, KeyError) as exc:
         print(f"verify_diversity: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    report = check.report()
+    report = check.report(args.show_pairs)
     if not any(s["batches"] for s in report["splits"].values()):
         print("verify_diversity: no batches found to check", file=sys.stderr)
         return 2
     verdict = judge(
-        report, args.max_duplicate_rate, args.max_overlap, judge_val=args.judge_val_duplicates
+        report,
+        args.max_duplicate_rate,
+        args.max_overlap,
+        judge_val=args.judge_val_duplicates,
+        max_near_duplicate_pairs=args.max_near_duplicate_pairs,
     )
     if args.json:
         print(

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"queue_client/wire/batchqueue.proto\x12\rbatchqueue.v1\"\x15\n\x13ListDatasetsRequest\"(\n\x14ListDatasetsResponse\x12\x10\n\x08\x64\x61tasets\x18\x01 \x03(\t\"!\n\x0eGetMetaRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\xd7\x01\n\x0fGetMetaResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x11\n\tmeta_json\x18\x02 \x01(\t\x12\x15\n\rtraining_type\x18\x03 \x01(\t\x12\x12\n\nbatch_size\x18\x04 \x01(\x03\x12\x18\n\x10\x62\x61tches_per_file\x18\x05 \x01(\x03\x12\x11\n\tdata_root\x18\x06 \x01(\t\x12\x0c\n\x04mode\x18\x07 \x01(\t\x12\x0e\n\x06splits\x18\x08 \x03(\t\x12\x14\n\x0clease_ttl_ms\x18\t \x01(\x03\x12\x14\n\x0c\x64\x61ta_root_id\x18\n \x01(\t\"2\n\x10GetSchemaRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\"E\n\tFieldSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04role\x18\x04 \x01(\t\"q\n\x11GetSchemaResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x12\n\nbatch_size\x18\x03 \x01(\x03\x12(\n\x06\x66ields\x18\x04 \x03(\x0b\x32\x18.batchqueue.v1.FieldSpec\"\"\n\x0fGetStatsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"]\n\tRankStats\x12\x0c\n\x04rank\x18\x01 \x01(\x03\x12\x19\n\x11last_consumed_seq\x18\x02 \x01(\x03\x12\x14\n\x0c\x66iles_leased\x18\x03 \x01(\x03\x12\x11\n\tlag_files\x18\x04 \x01(\x03\"\xb3\x04\n\nSplitStats\x12\r\n\x05split\x18\x01 \x01(\t\x12\x16\n\x0eproduced_files\x18\x02 \x01(\x03\x12\x16\n\x0e\x63onsumed_files\x18\x03 \x01(\x03\x12\x19\n\x11quarantined_files\x18\x04 \x01(\x03\x12\x13\n\x0bready_files\x18\x05 \x01(\x03\x12\x14\n\x0cleased_files\x18\x06 \x01(\x03\x12\x16\n\x0eleases_expired\x18\x07 \x01(\x03\x12\x16\n\x0eproduced_bytes\x18\x08 \x01(\x03\x12\x17\n\x0fworker_restarts\x18\t \x01(\x03\x12\x19\n\x11max_backlog_files\x18\n \x01(\x03\x12\x12\n\nworld_size\x18\x0b \x01(\x03\x12\x10\n\x08next_seq\x18\x0c \x01(\x03\x12\'\n\x05ranks\x18\r \x03(\x0b\x32\x18.batchqueue.v1.RankStats\x12\x18\n\x10reproduced_files\x18\x0e \x01(\x03\x12\x13\n\x0bworker_pids\x18\x0f \x03(\x03\x12\x13\n\x0b\x64isk_errors\x18\x10 \x01(\x03\x12\x17\n\x0flast_disk_error\x18\x11 \x01(\t\x12\x15\n\rseqs_produced\x18\x12 \x01(\x03\x12\x15\n\rseqs_consumed\x18\x13 \x01(\x03\x12\x18\n\x10seqs_quarantined\x18\x14 \x01(\x03\x12\x14\n\x0cseqs_missing\x18\x15 \x01(\x03\x12\x32\n\ncurriculum\x18\x16 \x01(\x0b\x32\x1e.batchqueue.v1.CurriculumStats\"\xc9\x01\n\x0f\x43urriculumStats\x12\r\n\x05\x61lpha\x18\x01 \x01(\x01\x12\x14\n\x0ckl_to_target\x18\x02 \x01(\x01\x12\x16\n\x0e\x62uffer_batches\x18\x03 \x01(\x03\x12\x15\n\rserved_tokens\x18\x04 \x01(\x03\x12\x1b\n\x13\x63\x61ndidates_ingested\x18\x05 \x01(\x03\x12\x19\n\x11\x63\x61ndidates_culled\x18\x06 \x01(\x03\x12\x17\n\x0f\x63\x61ndidate_files\x18\x07 \x01(\x03\x12\x11\n\toverrides\x18\x08 \x01(\x03\"\x8e\x01\n\x14SetCurriculumRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x12\n\x05\x61lpha\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cposition_seq\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x0c\n\x04rank\x18\x05 \x01(\x03\x42\x08\n\x06_alphaB\x0f\n\r_position_seq\".\n\x15SetCurriculumResponse\x12\x15\n\reffective_seq\x18\x01 \x01(\x03\"q\n\x10GetStatsResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12)\n\x06splits\x18\x04 \x03(\x0b\x32\x19.batchqueue.v1.SplitStats\"\xb9\x01\n\x13\x41\x63quireLeaseRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x03\x12\x12\n\nworld_size\x18\x04 \x01(\x03\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x10\n\x03seq\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x03\x12\x0f\n\x07\x63\x61rried\x18\x08 \x01(\x08\x12\x11\n\treacquire\x18\t \x01(\x08\x42\x06\n\x04_seq\"\xd2\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05split\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x03\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\x13\n\x0bnum_batches\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\r\n\x05\x63rc32\x18\t \x01(\r\x12\x0e\n\x06ttl_ms\x18\n \x01(\x03\x12\x0c\n\x04rank\x18\x0b \x01(\x03\x12\x12\n\nworld_size\x18\x0c \x01(\x03\"\x8c\x01\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12.\n\x07outcome\x18\x03 \x01(\x0e\x32\x1d.batchqueue.v1.ReleaseOutcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08waited_s\x18\x05 \x01(\x01\"\x16\n\x14ReleaseLeaseResponse\":\n\x12RenewLeasesRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\"=\n\x13RenewLeasesResponse\x12\x16\n\x0elost_lease_ids\x18\x01 \x03(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\"\x1e\n\x0bPingRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x1f\n\x0cPingResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"7\n\x10\x46\x65tchFileRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\"R\n\tFileChunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\r\n\x05\x63rc32\x18\x04 \x01(\r*Z\n\x0eReleaseOutcome\x12\x1f\n\x1bRELEASE_OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43ONSUMED\x10\x01\x12\x0c\n\x08RETURNED\x10\x02\x12\x0b\n\x07\x43ORRUPT\x10\x03\x32\xac\x06\n\nBatchQueue\x12W\n\x0cListDatasets\x12\".batchqueue.v1.ListDatasetsRequest\x1a#.batchqueue.v1.ListDatasetsResponse\x12H\n\x07GetMeta\x12\x1d.batchqueue.v1.GetMetaRequest\x1a\x1e.batchqueue.v1.GetMetaResponse\x12N\n\tGetSchema\x12\x1f.batchqueue.v1.GetSchemaRequest\x1a .batchqueue.v1.GetSchemaResponse\x12K\n\x08GetStats\x12\x1e.batchqueue.v1.GetStatsRequest\x1a\x1f.batchqueue.v1.GetStatsResponse\x12H\n\x0c\x41\x63quireLease\x12\".batchqueue.v1.AcquireLeaseRequest\x1a\x14.batchqueue.v1.Lease\x12W\n\x0cReleaseLease\x12\".batchqueue.v1.ReleaseLeaseRequest\x1a#.batchqueue.v1.ReleaseLeaseResponse\x12T\n\x0bRenewLeases\x12!.batchqueue.v1.RenewLeasesRequest\x1a\".batchqueue.v1.RenewLeasesResponse\x12?\n\x04Ping\x12\x1a.batchqueue.v1.PingRequest\x1a\x1b.batchqueue.v1.PingResponse\x12Z\n\rSetCurriculum\x12#.batchqueue.v1.SetCurriculumRequest\x1a$.batchqueue.v1.SetCurriculumResponse\x12H\n\tFetchFile\x12\x1f.batchqueue.v1.FetchFileRequest\x1a\x18.batchqueue.v1.FileChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"queue_client/wire/batchqueue.proto\x12\rbatchqueue.v1\"\x15\n\x13ListDatasetsRequest\"(\n\x14ListDatasetsResponse\x12\x10\n\x08\x64\x61tasets\x18\x01 \x03(\t\"!\n\x0eGetMetaRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\xd7\x01\n\x0fGetMetaResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x11\n\tmeta_json\x18\x02 \x01(\t\x12\x15\n\rtraining_type\x18\x03 \x01(\t\x12\x12\n\nbatch_size\x18\x04 \x01(\x03\x12\x18\n\x10\x62\x61tches_per_file\x18\x05 \x01(\x03\x12\x11\n\tdata_root\x18\x06 \x01(\t\x12\x0c\n\x04mode\x18\x07 \x01(\t\x12\x0e\n\x06splits\x18\x08 \x03(\t\x12\x14\n\x0clease_ttl_ms\x18\t \x01(\x03\x12\x14\n\x0c\x64\x61ta_root_id\x18\n \x01(\t\"2\n\x10GetSchemaRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\"l\n\tFieldSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x14\n\x0cstored_dtype\x18\n \x01(\t\x12\x0f\n\x07storage\x18\x0b \x01(\t\"q\n\x11GetSchemaResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x12\n\nbatch_size\x18\x03 \x01(\x03\x12(\n\x06\x66ields\x18\x04 \x03(\x0b\x32\x18.batchqueue.v1.FieldSpec\"\"\n\x0fGetStatsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\x8d\x01\n\tRankStats\x12\x0c\n\x04rank\x18\x01 \x01(\x03\x12\x19\n\x11last_consumed_seq\x18\x02 \x01(\x03\x12\x14\n\x0c\x66iles_leased\x18\x03 \x01(\x03\x12\x11\n\tlag_files\x18\x04 \x01(\x03\x12\x13\n\x0bready_files\x18\n \x01(\x03\x12\x19\n\x11\x64uplicate_clients\x18\x0b \x03(\t\"\xe9\x06\n\nSplitStats\x12\r\n\x05split\x18\x01 \x01(\t\x12\x16\n\x0eproduced_files\x18\x02 \x01(\x03\x12\x16\n\x0e\x63onsumed_files\x18\x03 \x01(\x03\x12\x19\n\x11quarantined_files\x18\x04 \x01(\x03\x12\x13\n\x0bready_files\x18\x05 \x01(\x03\x12\x14\n\x0cleased_files\x18\x06 \x01(\x03\x12\x16\n\x0eleases_expired\x18\x07 \x01(\x03\x12\x16\n\x0eproduced_bytes\x18\x08 \x01(\x03\x12\x17\n\x0fworker_restarts\x18\t \x01(\x03\x12\x19\n\x11max_backlog_files\x18\n \x01(\x03\x12\x12\n\nworld_size\x18\x0b \x01(\x03\x12\x10\n\x08next_seq\x18\x0c \x01(\x03\x12\'\n\x05ranks\x18\r \x03(\x0b\x32\x18.batchqueue.v1.RankStats\x12\x18\n\x10reproduced_files\x18\x0e \x01(\x03\x12\x13\n\x0bworker_pids\x18\x0f \x03(\x03\x12\x13\n\x0b\x64isk_errors\x18\x10 \x01(\x03\x12\x17\n\x0flast_disk_error\x18\x11 \x01(\t\x12\x15\n\rseqs_produced\x18\x12 \x01(\x03\x12\x15\n\rseqs_consumed\x18\x13 \x01(\x03\x12\x18\n\x10seqs_quarantined\x18\x14 \x01(\x03\x12\x14\n\x0cseqs_missing\x18\x15 \x01(\x03\x12\x32\n\ncurriculum\x18\x16 \x01(\x0b\x32\x1e.batchqueue.v1.CurriculumStats\x12\x15\n\rjournal_error\x18( \x01(\t\x12\x18\n\x10worker_backoff_s\x18) \x01(\x01\x12\x19\n\x11last_worker_error\x18* \x01(\t\x12\x14\n\x0ctokens_per_s\x18\x1e \x01(\x01\x12\x15\n\rbatches_per_s\x18\x1f \x01(\x01\x12\x15\n\rrate_window_s\x18  \x01(\x01\x12\x15\n\rtokens_served\x18! \x01(\x03\x12\x17\n\x0ftokens_per_file\x18\" \x01(\x03\x12\x13\n\x06\x65pochs\x18# \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0b\x65poch_eta_s\x18$ \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x10worker_rss_bytes\x18% \x03(\x03\x12\x10\n\x08warnings\x18& \x03(\tB\t\n\x07_epochsB\x0e\n\x0c_epoch_eta_s\"\xc9\x01\n\x0f\x43urriculumStats\x12\r\n\x05\x61lpha\x18\x01 \x01(\x01\x12\x14\n\x0ckl_to_target\x18\x02 \x01(\x01\x12\x16\n\x0e\x62uffer_batches\x18\x03 \x01(\x03\x12\x15\n\rserved_tokens\x18\x04 \x01(\x03\x12\x1b\n\x13\x63\x61ndidates_ingested\x18\x05 \x01(\x03\x12\x19\n\x11\x63\x61ndidates_culled\x18\x06 \x01(\x03\x12\x17\n\x0f\x63\x61ndidate_files\x18\x07 \x01(\x03\x12\x11\n\toverrides\x18\x08 \x01(\x03\"\x8e\x01\n\x14SetCurriculumRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x12\n\x05\x61lpha\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cposition_seq\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x0c\n\x04rank\x18\x05 \x01(\x03\x42\x08\n\x06_alphaB\x0f\n\r_position_seq\".\n\x15SetCurriculumResponse\x12\x15\n\reffective_seq\x18\x01 \x01(\x03\"q\n\x10GetStatsResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12)\n\x06splits\x18\x04 \x03(\x0b\x32\x19.batchqueue.v1.SplitStats\"\xb9\x01\n\x13\x41\x63quireLeaseRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x03\x12\x12\n\nworld_size\x18\x04 \x01(\x03\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x10\n\x03seq\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x03\x12\x0f\n\x07\x63\x61rried\x18\x08 \x01(\x08\x12\x11\n\treacquire\x18\t \x01(\x08\x42\x06\n\x04_seq\"\xd2\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05split\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x03\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\x13\n\x0bnum_batches\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\r\n\x05\x63rc32\x18\t \x01(\r\x12\x0e\n\x06ttl_ms\x18\n \x01(\x03\x12\x0c\n\x04rank\x18\x0b \x01(\x03\x12\x12\n\nworld_size\x18\x0c \x01(\x03\"\x8c\x01\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12.\n\x07outcome\x18\x03 \x01(\x0e\x32\x1d.batchqueue.v1.ReleaseOutcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08waited_s\x18\x05 \x01(\x01\"\x16\n\x14ReleaseLeaseResponse\":\n\x12RenewLeasesRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\"=\n\x13RenewLeasesResponse\x12\x16\n\x0elost_lease_ids\x18\x01 \x03(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\"\x1e\n\x0bPingRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x1f\n\x0cPingResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"P\n\x10\x46\x65tchFileRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\x03\"R\n\tFileChunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\r\n\x05\x63rc32\x18\x04 \x01(\r*Z\n\x0eReleaseOutcome\x12\x1f\n\x1bRELEASE_OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43ONSUMED\x10\x01\x12\x0c\n\x08RETURNED\x10\x02\x12\x0b\n\x07\x43ORRUPT\x10\x03\x32\xac\x06\n\nBatchQueue\x12W\n\x0cListDatasets\x12\".batchqueue.v1.ListDatasetsRequest\x1a#.batchqueue.v1.ListDatasetsResponse\x12H\n\x07GetMeta\x12\x1d.batchqueue.v1.GetMetaRequest\x1a\x1e.batchqueue.v1.GetMetaResponse\x12N\n\tGetSchema\x12\x1f.batchqueue.v1.GetSchemaRequest\x1a .batchqueue.v1.GetSchemaResponse\x12K\n\x08GetStats\x12\x1e.batchqueue.v1.GetStatsRequest\x1a\x1f.batchqueue.v1.GetStatsResponse\x12H\n\x0c\x41\x63quireLease\x12\".batchqueue.v1.AcquireLeaseRequest\x1a\x14.batchqueue.v1.Lease\x12W\n\x0cReleaseLease\x12\".batchqueue.v1.ReleaseLeaseRequest\x1a#.batchqueue.v1.ReleaseLeaseResponse\x12T\n\x0bRenewLeases\x12!.batchqueue.v1.RenewLeasesRequest\x1a\".batchqueue.v1.RenewLeasesResponse\x12?\n\x04Ping\x12\x1a.batchqueue.v1.PingRequest\x1a\x1b.batchqueue.v1.PingResponse\x12Z\n\rSetCurriculum\x12#.batchqueue.v1.SetCurriculumRequest\x1a$.batchqueue.v1.SetCurriculumResponse\x12H\n\tFetchFile\x12\x1f.batchqueue.v1.FetchFileRequest\x1a\x18.batchqueue.v1.FileChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'queue_client.wire.batchqueue_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RELEASEOUTCOME']._serialized_start=2715
-  _globals['_RELEASEOUTCOME']._serialized_end=2805
+  _globals['_RELEASEOUTCOME']._serialized_start=3138
+  _globals['_RELEASEOUTCOME']._serialized_end=3228
   _globals['_LISTDATASETSREQUEST']._serialized_start=53
   _globals['_LISTDATASETSREQUEST']._serialized_end=74
   _globals['_LISTDATASETSRESPONSE']._serialized_start=76
@@ -44,43 +44,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSCHEMAREQUEST']._serialized_start=371
   _globals['_GETSCHEMAREQUEST']._serialized_end=421
   _globals['_FIELDSPEC']._serialized_start=423
-  _globals['_FIELDSPEC']._serialized_end=492
-  _globals['_GETSCHEMARESPONSE']._serialized_start=494
-  _globals['_GETSCHEMARESPONSE']._serialized_end=607
-  _globals['_GETSTATSREQUEST']._serialized_start=609
-  _globals['_GETSTATSREQUEST']._serialized_end=643
-  _globals['_RANKSTATS']._serialized_start=645
-  _globals['_RANKSTATS']._serialized_end=738
-  _globals['_SPLITSTATS']._serialized_start=741
-  _globals['_SPLITSTATS']._serialized_end=1304
-  _globals['_CURRICULUMSTATS']._serialized_start=1307
-  _globals['_CURRICULUMSTATS']._serialized_end=1508
-  _globals['_SETCURRICULUMREQUEST']._serialized_start=1511
-  _globals['_SETCURRICULUMREQUEST']._serialized_end=1653
-  _globals['_SETCURRICULUMRESPONSE']._serialized_start=1655
-  _globals['_SETCURRICULUMRESPONSE']._serialized_end=1701
-  _globals['_GETSTATSRESPONSE']._serialized_start=1703
-  _globals['_GETSTATSRESPONSE']._serialized_end=1816
-  _globals['_ACQUIRELEASEREQUEST']._serialized_start=1819
-  _globals['_ACQUIRELEASEREQUEST']._serialized_end=2004
-  _globals['_LEASE']._serialized_start=2007
-  _globals['_LEASE']._serialized_end=2217
-  _globals['_RELEASELEASEREQUEST']._serialized_start=2220
-  _globals['_RELEASELEASEREQUEST']._serialized_end=2360
-  _globals['_RELEASELEASERESPONSE']._serialized_start=2362
-  _globals['_RELEASELEASERESPONSE']._serialized_end=2384
-  _globals['_RENEWLEASESREQUEST']._serialized_start=2386
-  _globals['_RENEWLEASESREQUEST']._serialized_end=2444
-  _globals['_RENEWLEASESRESPONSE']._serialized_start=2446
-  _globals['_RENEWLEASESRESPONSE']._serialized_end=2507
-  _globals['_PINGREQUEST']._serialized_start=2509
-  _globals['_PINGREQUEST']._serialized_end=2539
-  _globals['_PINGRESPONSE']._serialized_start=2541
-  _globals['_PINGRESPONSE']._serialized_end=2572
-  _globals['_FETCHFILEREQUEST']._serialized_start=2574
-  _globals['_FETCHFILEREQUEST']._serialized_end=2629
-  _globals['_FILECHUNK']._serialized_start=2631
-  _globals['_FILECHUNK']._serialized_end=2713
-  _globals['_BATCHQUEUE']._serialized_start=2808
-  _globals['_BATCHQUEUE']._serialized_end=3620
+  _globals['_FIELDSPEC']._serialized_end=531
+  _globals['_GETSCHEMARESPONSE']._serialized_start=533
+  _globals['_GETSCHEMARESPONSE']._serialized_end=646
+  _globals['_GETSTATSREQUEST']._serialized_start=648
+  _globals['_GETSTATSREQUEST']._serialized_end=682
+  _globals['_RANKSTATS']._serialized_start=685
+  _globals['_RANKSTATS']._serialized_end=826
+  _globals['_SPLITSTATS']._serialized_start=829
+  _globals['_SPLITSTATS']._serialized_end=1702
+  _globals['_CURRICULUMSTATS']._serialized_start=1705
+  _globals['_CURRICULUMSTATS']._serialized_end=1906
+  _globals['_SETCURRICULUMREQUEST']._serialized_start=1909
+  _globals['_SETCURRICULUMREQUEST']._serialized_end=2051
+  _globals['_SETCURRICULUMRESPONSE']._serialized_start=2053
+  _globals['_SETCURRICULUMRESPONSE']._serialized_end=2099
+  _globals['_GETSTATSRESPONSE']._serialized_start=2101
+  _globals['_GETSTATSRESPONSE']._serialized_end=2214
+  _globals['_ACQUIRELEASEREQUEST']._serialized_start=2217
+  _globals['_ACQUIRELEASEREQUEST']._serialized_end=2402
+  _globals['_LEASE']._serialized_start=2405
+  _globals['_LEASE']._serialized_end=2615
+  _globals['_RELEASELEASEREQUEST']._serialized_start=2618
+  _globals['_RELEASELEASEREQUEST']._serialized_end=2758
+  _globals['_RELEASELEASERESPONSE']._serialized_start=2760
+  _globals['_RELEASELEASERESPONSE']._serialized_end=2782
+  _globals['_RENEWLEASESREQUEST']._serialized_start=2784
+  _globals['_RENEWLEASESREQUEST']._serialized_end=2842
+  _globals['_RENEWLEASESRESPONSE']._serialized_start=2844
+  _globals['_RENEWLEASESRESPONSE']._serialized_end=2905
+  _globals['_PINGREQUEST']._serialized_start=2907
+  _globals['_PINGREQUEST']._serialized_end=2937
+  _globals['_PINGRESPONSE']._serialized_start=2939
+  _globals['_PINGRESPONSE']._serialized_end=2970
+  _globals['_FETCHFILEREQUEST']._serialized_start=2972
+  _globals['_FETCHFILEREQUEST']._serialized_end=3052
+  _globals['_FILECHUNK']._serialized_start=3054
+  _globals['_FILECHUNK']._serialized_end=3136
+  _globals['_BATCHQUEUE']._serialized_start=3231
+  _globals['_BATCHQUEUE']._serialized_end=4043
 # @@protoc_insertion_point(module_scope)

@@ -67,16 +67,20 @@ class GetSchemaRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ...) -> None: ...
 
 class FieldSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "role")
+    __slots__ = ("name", "dtype", "shape", "role", "stored_dtype", "storage")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    STORED_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     role: str
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., role: _Optional[str] = ...) -> None: ...
+    stored_dtype: str
+    storage: str
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., role: _Optional[str] = ..., stored_dtype: _Optional[str] = ..., storage: _Optional[str] = ...) -> None: ...
 
 class GetSchemaResponse(_message.Message):
     __slots__ = ("dataset", "split", "batch_size", "fields")
@@ -97,19 +101,23 @@ class GetStatsRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class RankStats(_message.Message):
-    __slots__ = ("rank", "last_consumed_seq", "files_leased", "lag_files")
+    __slots__ = ("rank", "last_consumed_seq", "files_leased", "lag_files", "ready_files", "duplicate_clients")
     RANK_FIELD_NUMBER: _ClassVar[int]
     LAST_CONSUMED_SEQ_FIELD_NUMBER: _ClassVar[int]
     FILES_LEASED_FIELD_NUMBER: _ClassVar[int]
     LAG_FILES_FIELD_NUMBER: _ClassVar[int]
+    READY_FILES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_CLIENTS_FIELD_NUMBER: _ClassVar[int]
     rank: int
     last_consumed_seq: int
     files_leased: int
     lag_files: int
-    def __init__(self, rank: _Optional[int] = ..., last_consumed_seq: _Optional[int] = ..., files_leased: _Optional[int] = ..., lag_files: _Optional[int] = ...) -> None: ...
+    ready_files: int
+    duplicate_clients: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rank: _Optional[int] = ..., last_consumed_seq: _Optional[int] = ..., files_leased: _Optional[int] = ..., lag_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., duplicate_clients: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SplitStats(_message.Message):
-    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing", "curriculum")
+    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing", "curriculum", "journal_error", "worker_backoff_s", "last_worker_error", "tokens_per_s", "batches_per_s", "rate_window_s", "tokens_served", "tokens_per_file", "epochs", "epoch_eta_s", "worker_rss_bytes", "warnings")
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     PRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +140,18 @@ class SplitStats(_message.Message):
     SEQS_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     SEQS_MISSING_FIELD_NUMBER: _ClassVar[int]
     CURRICULUM_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_ERROR_FIELD_NUMBER: _ClassVar[int]
+    WORKER_BACKOFF_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_WORKER_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RATE_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_FILE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_ETA_S_FIELD_NUMBER: _ClassVar[int]
+    WORKER_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     split: str
     produced_files: int
     consumed_files: int
@@ -154,7 +174,19 @@ class SplitStats(_message.Message):
     seqs_quarantined: int
     seqs_missing: int
     curriculum: CurriculumStats
-    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ..., curriculum: _Optional[_Union[CurriculumStats, _Mapping]] = ...) -> None: ...
+    journal_error: str
+    worker_backoff_s: float
+    last_worker_error: str
+    tokens_per_s: float
+    batches_per_s: float
+    rate_window_s: float
+    tokens_served: int
+    tokens_per_file: int
+    epochs: float
+    epoch_eta_s: float
+    worker_rss_bytes: _containers.RepeatedScalarFieldContainer[int]
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ..., curriculum: _Optional[_Union[CurriculumStats, _Mapping]] = ..., journal_error: _Optional[str] = ..., worker_backoff_s: _Optional[float] = ..., last_worker_error: _Optional[str] = ..., tokens_per_s: _Optional[float] = ..., batches_per_s: _Optional[float] = ..., rate_window_s: _Optional[float] = ..., tokens_served: _Optional[int] = ..., tokens_per_file: _Optional[int] = ..., epochs: _Optional[float] = ..., epoch_eta_s: _Optional[float] = ..., worker_rss_bytes: _Optional[_Iterable[int]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CurriculumStats(_message.Message):
     __slots__ = ("alpha", "kl_to_target", "buffer_batches", "served_tokens", "candidates_ingested", "candidates_culled", "candidate_files", "overrides")
@@ -305,12 +337,14 @@ class PingResponse(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
 
 class FetchFileRequest(_message.Message):
-    __slots__ = ("lease_id", "client_id")
+    __slots__ = ("lease_id", "client_id", "max_chunk_bytes")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     client_id: str
-    def __init__(self, lease_id: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
+    max_chunk_bytes: int
+    def __init__(self, lease_id: _Optional[str] = ..., client_id: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class FileChunk(_message.Message):
     __slots__ = ("offset_bytes", "data", "size_bytes", "crc32")

@@ -7,7 +7,7 @@ Every document has a *key*, an int that says where it begins and that can be sou
     ends are removed; separator "" therefore splits on blank lines. A document is the lines
     between two separator lines, without the line break that ends its last line.
   - JSONL: the byte offset of its line.
-  - Parquet: its row number.
+  - Parquet and Arrow: its row number.
 
 `iter_docs(file, start, end)` yields (key, text) for the documents whose key lies in
 [start, end), in file order; with `resume=key` it starts at that document instead. Byte ranges
@@ -16,16 +16,19 @@ file at any offsets gives every document to exactly one range. Documents that ar
 only whitespace are skipped everywhere, so counting and reading agree.
 
 Invalid UTF-8 follows `utf8_errors` (reading.py). separated.py reads text split by separator
-lines, records.py JSONL and Parquet; a text file without a separator is one document.
+lines, records.py JSONL, Parquet and Arrow; a text file without a separator is one document.
+A file may be local or at a URL: each reader opens it through queue_providers.remote, which
+streams a remote object in cached blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from queue_providers.remote import read_input
 from queue_providers.text.files import SourceFile
 from queue_providers.text.reading import Doc, ReadOptions, decode, too_large
-from queue_providers.text.records import iter_jsonl, iter_parquet
+from queue_providers.text.records import iter_arrow, iter_jsonl, iter_parquet
 from queue_providers.text.separated import iter_separated
 
 __all__ = ["Doc", "ReadOptions", "iter_docs"]
@@ -39,7 +42,7 @@ def _iter_whole(
         return
     if sf.size > opts.max_document_bytes:
         raise too_large(sf.path, 0, sf.size, opts)
-    data = sf.path.read_bytes()
+    data = read_input(sf.path)
     if data and not data.isspace():
         yield 0, decode(data, opts, str(sf.path), 0)
 
@@ -52,6 +55,8 @@ def iter_docs(
         return iter_jsonl(sf, start, end, resume, opts)
     if sf.format == "parquet":
         return iter_parquet(sf, start, end, resume, opts)
+    if sf.format == "arrow":
+        return iter_arrow(sf, start, end, resume, opts)
     if opts.separator is None:
         return _iter_whole(sf, start, end, resume, opts)
     return iter_separated(sf, start, end, resume, opts)

@@ -8,10 +8,10 @@ Invalid UTF-8 follows `utf8_errors`: "replace" substitutes U+FFFD for each inval
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 from queue_client.errors import ConfigError
+from queue_providers.remote import Location, open_input
 from queue_providers.text.errors import CorpusError
 
 Doc = tuple[int, str]  # (key, text)
@@ -50,7 +50,7 @@ def decode(data: bytes, opts: ReadOptions, where: str, offset: int) -> str:
         return data.decode("utf-8", errors="replace")
 
 
-def too_large(path: Path, offset: int, size: int, opts: ReadOptions) -> CorpusError:
+def too_large(path: Location, offset: int, size: int, opts: ReadOptions) -> CorpusError:
     return CorpusError(
         f"{path}: the document at byte {offset} is larger than max_document_bytes="
         f"{opts.max_document_bytes} ({size} bytes so far): split it or raise the limit"
@@ -73,10 +73,10 @@ def next_line_start(f: BinaryIO, pos: int) -> int:
         offset += len(block)
 
 
-def line_number(path: Path, offset: int) -> int:
+def line_number(path: Location, offset: int) -> int:
     """1-based number of the line that starts at byte `offset` (counted only for errors)."""
     count, done = 1, 0
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         while done < offset:
             block = f.read(min(1 << 20, offset - done))
             if not block:

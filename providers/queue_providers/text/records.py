@@ -1,18 +1,20 @@
-"""JSONL lines and Parquet rows as documents (readers.py gives the key rules).
+"""JSONL lines and Parquet or Arrow rows as documents (readers.py gives the key rules).
 
-A JSONL document is the string under `text_key` of one line's object; a Parquet document is
-the `text_key` column of one row. Lone surrogates that JSON escapes can spell ("\\ud800")
-count as invalid UTF-8 and follow `utf8_errors`.
+A JSONL document is the string under `text_key` of one line's object; a Parquet or Arrow
+document is the `text_key` column of one row. Lone surrogates that JSON escapes can spell
+("\\ud800") count as invalid UTF-8 and follow `utf8_errors`. Parquet at a URL is read through
+a remote file: pyarrow fetches the footer, then only the row groups a range needs.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
+from queue_providers.remote import Location, arrow_source, open_input
 from queue_providers.text.errors import CorpusError
-from queue_providers.text.files import SourceFile
+from queue_providers.text.files import SourceFile, arrow_table
 from queue_providers.text.reading import (
     Doc,
     ReadOptions,
@@ -28,7 +30,7 @@ def iter_jsonl(
     sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
 ) -> Iterator[Doc]:
     key_name = opts.text_key
-    with open(sf.path, "rb") as f:
+    with open_input(sf.path) as f:
         pos = resume if resume is not None else next_line_start(f, start)
         f.seek(pos)
         tail = b""
@@ -60,7 +62,7 @@ def iter_jsonl(
                 return
 
 
-def _json_text(line: bytes, path: Path, offset: int, key: str, opts: ReadOptions) -> str:
+def _json_text(line: bytes, path: Location, offset: int, key: str, opts: ReadOptions) -> str:
     def where() -> str:
         return f"{path}:{line_number(path, offset)}"
 
@@ -104,26 +106,11 @@ def _no_surrogates(text: str, opts: ReadOptions, where: Callable[[], str]) -> st
 def iter_parquet(
     sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
 ) -> Iterator[Doc]:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     first = resume if resume is not None else start
-    with pq.ParquetFile(sf.path) as pf:
-        names = pf.schema_arrow.names
-        if opts.text_key not in names:
-            raise CorpusError(
-                f"{sf.path}: no column {opts.text_key!r} (columns: {names}; set text_key)"
-            )
-        kind = pf.schema_arrow.field(opts.text_key).type
-        if not (
-            pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)
-            or pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind)
-        ):
-            raise CorpusError(
-                f"{sf.path}: column {opts.text_key!r} has type {kind}, expected a string column"
-            )
+    with arrow_source(sf.path) as src, pq.ParquetFile(src) as pf:
+        _check_text_column(pf.schema_arrow, sf, opts)
         row0 = 0
         for rg in range(pf.metadata.num_row_groups):
             rows = pf.metadata.row_group(rg).num_rows
@@ -132,23 +119,66 @@ def iter_parquet(
                 continue
             if row0 >= end:
                 return
-            row = row0
-            for batch in pf.iter_batches(batch_size=2048, row_groups=[rg], columns=[opts.text_key]):
-                for value in batch.column(0).to_pylist():
-                    here = row
-                    row += 1
-                    if here < first:
-                        continue
-                    if here >= end:
-                        return
-                    if value is None:
-                        continue
-                    if isinstance(value, bytes):
-                        if len(value) > opts.max_document_bytes:
-                            raise too_large(sf.path, here, len(value), opts)
-                        value = decode(value, opts, f"{sf.path}: row {here}", 0)
-                    elif len(value) > opts.max_document_bytes:
-                        raise too_large(sf.path, here, len(value), opts)
-                    if value and not value.isspace():
-                        yield here, value
+            batches = pf.iter_batches(batch_size=2048, row_groups=[rg], columns=[opts.text_key])
+            yield from _texts((b.column(0) for b in batches), row0, first, end, sf, opts)
             row0 += rows
+
+
+def iter_arrow(
+    sf: SourceFile, start: int, end: int, resume: int | None, opts: ReadOptions
+) -> Iterator[Doc]:
+    """Rows of a local Arrow IPC file (a Hugging Face dataset's data files), memory-mapped:
+    only the rows of [first, end) are touched."""
+    first = resume if resume is not None else start
+    table = arrow_table(sf.path)
+    _check_text_column(table.schema, sf, opts)
+    stop = min(end, table.num_rows)
+    if first >= stop:
+        return
+    column = table.column(opts.text_key).slice(first, stop - first)
+    pieces = (column.slice(i, 2048) for i in range(0, stop - first, 2048))
+    yield from _texts(pieces, first, first, stop, sf, opts)
+
+
+def _check_text_column(schema: Any, sf: SourceFile, opts: ReadOptions) -> None:
+    import pyarrow as pa
+
+    names = schema.names
+    if opts.text_key not in names:
+        raise CorpusError(
+            f"{sf.path}: no column {opts.text_key!r} (columns: {names}; set text_key)"
+        )
+    kind = schema.field(opts.text_key).type
+    if not (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
+        raise CorpusError(
+            f"{sf.path}: column {opts.text_key!r} has type {kind}, expected a string column"
+        )
+
+
+def _texts(
+    pieces: Iterable[Any], row0: int, first: int, end: int, sf: SourceFile, opts: ReadOptions
+) -> Iterator[Doc]:
+    """The documents of rows [first, end) among pieces (arrays of a text column) that start
+    at row row0: nulls, empty and blank values skipped."""
+    row = row0
+    for piece in pieces:
+        for value in piece.to_pylist():
+            here = row
+            row += 1
+            if here < first or value is None:
+                continue
+            if here >= end:
+                return
+            if isinstance(value, bytes):
+                if len(value) > opts.max_document_bytes:
+                    raise too_large(sf.path, here, len(value), opts)
+                value = decode(value, opts, f"{sf.path}: row {here}", 0)
+            elif len(value) > opts.max_document_bytes:
+                raise too_large(sf.path, here, len(value), opts)
+            if value and not value.isspace():
+                yield here, value

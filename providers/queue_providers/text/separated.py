@@ -11,6 +11,7 @@ import itertools
 import re
 from collections.abc import Iterator
 
+from queue_providers.remote import open_input
 from queue_providers.text.files import SourceFile
 from queue_providers.text.reading import (
     Doc,
@@ -42,7 +43,7 @@ def iter_separated(
     assert opts.separator is not None
     sep_re, first_re = _separator_re(opts.separator), _first_line_re(opts.separator)
     where = str(sf.path)
-    with open(sf.path, "rb") as f:
+    with open_input(sf.path) as f:
         if resume is not None:
             pos, key = resume, resume
         elif start == 0:

@@ -1,11 +1,15 @@
 """Text to token ids, a block of documents at a time, and the snapshot that pins it.
 
-Three kinds:
+Four kinds:
   - byte: the UTF-8 bytes (ids 0-255) and EOS = 256; vocab_size 257. Needs nothing.
   - char: one id per character of the corpus (sorted by code point), then EOS, then UNK for a
     character the vocabulary lacks; built by one streaming pass over the corpus.
-  - hf: a local tokenizer.json through the `tokenizers` library, encoded without the
-    tokenizer's own special tokens (the provider adds EOS itself).
+  - hf: a tokenizer.json through the `tokenizers` library, encoded without the
+    tokenizer's own special tokens (the provider adds EOS itself). Given as a file, a folder
+    holding one, or a hub repo id found in the local Hugging Face cache.
+  - tiktoken: a tiktoken encoding (text/tiktoken_tokenizer.py), by name from tiktoken's cache
+    or from a .tiktoken ranks file.
+Where a named tokenizer's files come from is tokenizer_sources.py's job; nothing is downloaded.
 
 `encode_docs(texts)` returns one flat int32 array holding each document's ids followed by EOS,
 and the lengths (EOS included): numpy per document, never a Python loop per token.
@@ -13,7 +17,8 @@ and the lengths (EOS included): numpy per document, never a Python loop per toke
 The snapshot (the dataset's tokenizer/ directory, layout.tokenizer_dir) is written when meta is first built and is what every
 worker loads, so a restart tokenizes identically even if the corpus or the tokenizer file
 changed meanwhile; a tokenizer_path whose content differs from the snapshot is refused rather
-than silently ignored.
+than silently ignored (for tiktoken: ranks, pattern or special tokens other than the
+snapshot's).
 """
 
 from __future__ import annotations
@@ -29,10 +34,23 @@ import numpy as np
 
 from queue_client.errors import ConfigError, MetaError
 from queue_client.layout import TOKENIZER_DIR, DatasetLayout, atomic_write
+from queue_providers.text.tiktoken_tokenizer import TiktokenTokenizer
+from queue_providers.tokenizer_sources import (
+    HF_PREFIX,
+    TiktokenSpec,
+    is_tiktoken,
+    ranks_bytes,
+    read_ranks,
+    resolve_hf_file,
+    resolve_tiktoken,
+    tiktoken_target,
+)
 
-KINDS = ("byte", "char", "hf")
+KINDS = ("byte", "char", "hf", "tiktoken")
 INFO_FILE = "snapshot.json"
 HF_FILE = "tokenizer.json"
+RANKS_FILE = "ranks.tiktoken"
+WHO = "text_lm"
 # Tried in order when eos_token is not given.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
 
@@ -153,6 +171,73 @@ class HFTokenizer:
         return {"kind": self.kind, "eos_token": self.eos_token, "special_tokens": specials}
 
 
+# ---- what the config names ----------------------------------------------------------------
+
+
+def parse_tokenizer_arg(tokenizer: object, tokenizer_path: str | None) -> tuple[str, str | None]:
+    """(kind, reference) from text_lm's `tokenizer` and `tokenizer_path` args, checked for
+    form only (nothing is looked up): "byte" and "char" need nothing; "hf" takes
+    tokenizer_path; "tiktoken:NAME", "tiktoken:PATH" or a PATH ending in .tiktoken is a tiktoken
+    encoding; any other value is a Hugging Face tokenizer (a tokenizer.json, a folder holding
+    one, or a hub repo id in the local cache)."""
+    if not isinstance(tokenizer, str) or not tokenizer:
+        raise ConfigError(
+            f"{WHO} tokenizer must be a string such as 'byte', 'char', a tokenizer.json, a "
+            f"Hugging Face repo id or 'tiktoken:cl100k_base', got {tokenizer!r}"
+        )
+    if tokenizer in ("byte", "char"):
+        return tokenizer, None
+    if tokenizer in ("hf", "tiktoken"):
+        if not tokenizer_path:
+            raise ConfigError(
+                f"{WHO} tokenizer {tokenizer!r} needs tokenizer_path: "
+                + (
+                    "the path of a tokenizer.json, a folder holding one, or a Hugging Face "
+                    "repo id in the local cache (or give that as tokenizer itself)"
+                    if tokenizer == "hf"
+                    else "an encoding name or a .tiktoken file (or give tokenizer = "
+                    "'tiktoken:NAME' itself)"
+                )
+            )
+        return tokenizer, tiktoken_target(tokenizer_path) if tokenizer == "tiktoken" else (
+            tokenizer_path
+        )
+    if tokenizer_path:
+        raise ConfigError(
+            f"{WHO}: tokenizer = {tokenizer!r} names the tokenizer already; tokenizer_path "
+            f"({tokenizer_path!r}) goes with tokenizer = 'hf' or 'tiktoken' only"
+        )
+    if is_tiktoken(tokenizer):
+        return "tiktoken", tiktoken_target(tokenizer)
+    return "hf", tokenizer[len(HF_PREFIX) :] if tokenizer.startswith(HF_PREFIX) else tokenizer
+
+
+def _hf_file(ref: str | None) -> Path:
+    if not ref:
+        raise ConfigError(
+            f"{WHO} tokenizer 'hf' needs tokenizer_path, the path of a tokenizer.json"
+        )
+    return resolve_hf_file(ref, who=WHO)
+
+
+def _tiktoken_spec(ref: str | None, eos_token: str | None, pattern: str | None) -> TiktokenSpec:
+    if not ref:
+        raise ConfigError(f"{WHO} tokenizer 'tiktoken' needs an encoding name or ranks file")
+    return resolve_tiktoken(ref, eos_token=eos_token, pattern=pattern, who=WHO)
+
+
+def tokenizer_files(
+    kind: str, ref: str | None, *, eos_token: str | None = None, pattern: str | None = None
+) -> list[Path]:
+    """The files a configured tokenizer is read from (none for byte and char): a dataset's
+    inputs, so a tokenizer whose content changed is refused like a changed corpus file."""
+    if kind == "hf":
+        return [_hf_file(ref)]
+    if kind == "tiktoken":
+        return list(_tiktoken_spec(ref, eos_token, pattern).files)
+    return []
+
+
 # ---- snapshot -----------------------------------------------------------------------------
 
 
@@ -171,11 +256,57 @@ def _info_of(tok: TextTokenizer, digest: str) -> dict[str, Any]:
     }
 
 
+_SNAPSHOT_FILES = {"hf": HF_FILE, "tiktoken": RANKS_FILE}
+
+
 def _snapshot_digest(snap: Path, kind: str) -> str:
     h = hashlib.sha256((snap / INFO_FILE).read_bytes())
-    if kind == "hf":
-        h.update((snap / HF_FILE).read_bytes())
+    if kind in _SNAPSHOT_FILES:
+        h.update((snap / _SNAPSHOT_FILES[kind]).read_bytes())
     return h.hexdigest()
+
+
+def _record(tok: TextTokenizer) -> dict[str, Any]:
+    """What snapshot.json keeps to build the tokenizer again, beside the snapshot's file."""
+    if isinstance(tok, TiktokenTokenizer):
+        return {**tok.describe(), "pat_str": tok.pat_str}
+    return {k: v for k, v in tok.describe().items() if k != "special_tokens"}
+
+
+def _tiktoken_of(spec: TiktokenSpec, eos_token: str | None) -> TiktokenTokenizer:
+    return TiktokenTokenizer(
+        spec.name,
+        pat_str=spec.pat_str,
+        mergeable_ranks=spec.mergeable_ranks,
+        special_tokens=spec.special_tokens,
+        eos_token=eos_token,
+    )
+
+
+def _refuse_changed(
+    snap: Path, kind: str, record: Mapping[str, Any], ref: str | None, **kw: Any
+) -> None:
+    """ConfigError when the configured tokenizer is not the one snapshotted."""
+    if kind == "hf" and ref is not None:
+        path = _hf_file(ref)
+        if _sha256(path.read_bytes()) != _sha256((snap / HF_FILE).read_bytes()):
+            raise ConfigError(
+                f"tokenizer {ref!r} ({path}) differs from the snapshot {snap / HF_FILE} that "
+                f"this dataset's batches were made with; delete {snap} to adopt the new file"
+            )
+    if kind == "tiktoken" and ref is not None:
+        spec = _tiktoken_spec(ref, kw.get("eos_token"), kw.get("pattern"))
+        same = (
+            ranks_bytes(spec.mergeable_ranks) == (snap / RANKS_FILE).read_bytes()
+            and spec.pat_str == record.get("pat_str")
+            and spec.special_tokens == record.get("special_tokens")
+        )
+        if not same:
+            raise ConfigError(
+                f"tiktoken tokenizer {ref!r} differs from the snapshot in {snap} (ranks, pattern "
+                "or special tokens) that this dataset's batches were made with; delete "
+                f"{snap} to adopt it"
+            )
 
 
 def prepare_tokenizer(
@@ -185,11 +316,14 @@ def prepare_tokenizer(
     tokenizer_path: str | None,
     eos_token: str | None,
     corpus_texts: Callable[[], Iterable[str]],
+    pattern: str | None = None,
 ) -> tuple[TextTokenizer, dict[str, Any]]:
     """The tokenizer for `kind`, from the snapshot if there is one, else built and snapshotted.
 
-    Returns the tokenizer and its plain-data description for meta (vocab_size, special ids,
-    the snapshot's sha256). `corpus_texts` is called only to build a char vocabulary.
+    `tokenizer_path` is the reference parse_tokenizer_arg gave (a path, a hub repo id, a
+    tiktoken encoding name or ranks file). Returns the tokenizer and its plain-data description
+    for meta (vocab_size, special ids, the snapshot's sha256). `corpus_texts` is called only to
+    build a char vocabulary; `pattern` is the split regex of a tiktoken ranks file.
     """
     if kind not in KINDS:
         raise ConfigError(f"tokenizer must be one of {list(KINDS)}, got {kind!r}")
@@ -203,16 +337,12 @@ def prepare_tokenizer(
                 f"{kind!r}: the queued batches were made with the old one; delete {snap} (and the "
                 "queued files) to change tokenizers"
             )
-        if kind == "hf" and tokenizer_path is not None and Path(tokenizer_path).is_file():
-            if _sha256(Path(tokenizer_path).read_bytes()) != _sha256((snap / HF_FILE).read_bytes()):
-                raise ConfigError(
-                    f"tokenizer_path {tokenizer_path!r} differs from the snapshot {snap / HF_FILE} "
-                    f"that this dataset's batches were made with; delete {snap} to adopt the new file"
-                )
+        _refuse_changed(snap, kind, info, tokenizer_path, eos_token=eos_token, pattern=pattern)
         pinned = _from_snapshot(snap, info)
         return pinned, _info_of(pinned, _snapshot_digest(snap, kind))
 
     tok: TextTokenizer
+    payload: bytes | None = None
     if kind == "byte":
         tok = ByteTokenizer()
     elif kind == "char":
@@ -220,17 +350,18 @@ def prepare_tokenizer(
         for text in corpus_texts():
             chars.update(text)
         tok = CharTokenizer("".join(chars))
+    elif kind == "hf":
+        path = _hf_file(tokenizer_path)
+        payload = path.read_bytes()
+        tok = HFTokenizer(path, eos_token)
     else:
-        if tokenizer_path is None:
-            raise ConfigError("tokenizer 'hf' needs tokenizer_path, the path of a tokenizer.json")
-        if not Path(tokenizer_path).is_file():
-            raise ConfigError(f"tokenizer_path {tokenizer_path!r} is not a file")
-        tok = HFTokenizer(Path(tokenizer_path), eos_token)
+        spec = _tiktoken_spec(tokenizer_path, eos_token, pattern)
+        tok = _tiktoken_of(spec, eos_token)
+        payload = ranks_bytes(spec.mergeable_ranks)
     snap.mkdir(parents=True, exist_ok=True)
-    if kind == "hf":
-        atomic_write(snap / HF_FILE, Path(tokenizer_path).read_bytes())  # type: ignore[arg-type]
-    record = {k: v for k, v in tok.describe().items() if k != "special_tokens"}
-    atomic_write(info_path, json.dumps(record, sort_keys=True).encode())
+    if payload is not None:
+        atomic_write(snap / _SNAPSHOT_FILES[kind], payload)
+    atomic_write(info_path, json.dumps(_record(tok), sort_keys=True).encode())
     return tok, _info_of(tok, _snapshot_digest(snap, kind))
 
 
@@ -242,6 +373,14 @@ def _from_snapshot(snap: Path, record: Mapping[str, Any]) -> TextTokenizer:
         return CharTokenizer(record["chars"])
     if kind == "hf":
         return HFTokenizer(snap / HF_FILE, record.get("eos_token"))
+    if kind == "tiktoken":
+        return TiktokenTokenizer(
+            record["name"],
+            pat_str=record["pat_str"],
+            mergeable_ranks=read_ranks(snap / RANKS_FILE, who=WHO),
+            special_tokens=record["special_tokens"],
+            eos_token=record["eos_token"],
+        )
     raise MetaError(f"{snap / INFO_FILE}: unknown tokenizer kind {kind!r}")
 
 

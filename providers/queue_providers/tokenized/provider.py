@@ -26,6 +26,15 @@ import torch
 
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.remote import (
+    RemoteStore,
+    input_path,
+    local_file,
+    store_for,
+)
+from queue_providers.remote import (
+    identity as remote_identity,
+)
 from queue_providers.tokenized.artifacts import cache_key, file_identity, load_artifacts
 from queue_providers.tokenized.labels import split_indices
 from queue_providers.tokenized.rows import RowLayout, single_rows
@@ -37,16 +46,24 @@ Item = TypeVar("Item")
 Arrays = dict[str, np.ndarray]
 
 
-def as_paths(value: str | Sequence[str], *, key: str, who: str) -> list[Path]:
-    """A config value that is one path or a list of paths, each an existing file."""
+def as_paths(
+    value: str | Sequence[str], *, key: str, who: str, store: RemoteStore | None = None
+) -> list[Path]:
+    """A config value that is one path or a list of paths, each an existing file. A URL
+    (queue_providers.remote) becomes a RemotePath, read through a local copy when built."""
     items = [value] if isinstance(value, (str, os.PathLike)) else list(value)
     if not items:
         raise ConfigError(f"{who}: {key} is empty")
-    paths = [Path(p).expanduser() for p in items]
+    paths = [input_path(os.fspath(p), store) for p in items]
     for p in paths:
         if not p.is_file():
             raise ConfigError(f"{who}: {key} {str(p)!r} is not a file")
-    return paths
+    return paths  # type: ignore[return-value]
+
+
+def _identity(path: Path) -> tuple[Any, ...]:
+    """What the cache key takes of an input: path, size and mtime, or a URL's identity."""
+    return file_identity(path) if isinstance(path, Path) else remote_identity(path)
 
 
 def check_block_size(block_size: Any, *, minimum: int, who: str) -> int:
@@ -72,13 +89,17 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
         lowercase: bool | None,
         min_block_size: int = 3,
         require: Sequence[str] = (PAD, UNK, CLS, SEP),
+        remote: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(context)
         who = self.who
         self.block_size = check_block_size(block_size, minimum=min_block_size, who=who)
-        self.inputs = as_paths(input, key="input", who=who)
+        store = store_for(remote, context.layout.input_cache_dir, who)
+        self.inputs = as_paths(input, key="input", who=who, store=store)
         self.val_inputs = (
-            None if val_input is None else as_paths(val_input, key="val_input", who=who)
+            None
+            if val_input is None
+            else as_paths(val_input, key="val_input", who=who, store=store)
         )
         if self.val_inputs is None and not 0.0 < train_fraction < 1.0:
             raise ConfigError(f"{who}: train_fraction must lie in (0, 1), got {train_fraction!r}")
@@ -126,15 +147,18 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
 
     # ---- the cache ----------------------------------------------------------------------
     def _cache_key(self) -> str:
-        files = [file_identity(p) for p in self.inputs]
-        val = None if self.val_inputs is None else [file_identity(p) for p in self.val_inputs]
+        files = [_identity(p) for p in self.inputs]
+        val = None if self.val_inputs is None else [_identity(p) for p in self.val_inputs]
         return cache_key(
             self.who, self.tok.digest, files, val, self.train_fraction, *self.cache_parts()
         )
 
     def _build(self) -> tuple[Arrays, dict[str, Any]]:
-        train = self.read(self.inputs)
-        val = None if self.val_inputs is None else self.read(self.val_inputs)
+        # URL inputs are read from local copies in the input cache, by path like the rest.
+        train = self.read([local_file(p) for p in self.inputs])
+        val = (
+            None if self.val_inputs is None else self.read([local_file(p) for p in self.val_inputs])
+        )
         shared = self.shared_info([*train, *(val or [])])
         by_split = self.split_items(train) if val is None else {"train": train, "val": val}
         arrays: Arrays = {}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError
+from queue_providers.tokenizer_sources import HF_FILE, resolve_hf_file
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 BERT_SPECIALS = (PAD, UNK, CLS, SEP, MASK)
@@ -88,15 +89,13 @@ def load_tokenizer(
 ) -> LoadedTokenizer:
     """Load `tokenizer.json` (any name ending .json) or a BERT `vocab.txt` (anything else).
 
+    `path` may also be a folder holding either, or a hub repo id ("bert-base-uncased") whose
+    files are in the local Hugging Face cache (tokenizer_sources.py; nothing is downloaded).
     `lowercase` applies to vocab.txt only (default True, as bert-base-uncased); a tokenizer.json
     carries its own normaliser. Raises ConfigError naming the file and every token of `require`
     the vocab lacks.
     """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(
-            f"{who}: tokenizer {str(path)!r} is not a file (expected vocab.txt or tokenizer.json)"
-        )
+    path = resolve_hf_file(os.fspath(path), (HF_FILE, "vocab.txt"), who=who)
     tk = _tokenizers()
     raw = path.read_bytes()
     if path.suffix == ".json":
