@@ -10,7 +10,9 @@ Rows (the issue's numbering): 1 get_batch vs nanoGPT and a DataLoader, 2 copy vs
 3 first batch of a file, 4 lease RPCs vs a bare echo, 5 trainer loop, 6 memory, 7 CUDA H2D,
 8 get_batch with curriculum selection vs FIFO, 9 batch files over the network,
 10 each provider's tokens per second per worker process, 11 production on Ray actors against
-a local worker process and 2 actors against 1.
+a local worker process and 2 actors against 1, 12 text_lm with tiktoken against a Hugging Face
+BPE of the same vocabulary, each beside its raw encoder, 13 a restart after 200,000 files
+served against a start on a fresh root.
 The suite starts and stops its own servers, in a temp directory it removes at the end.
 """
 
@@ -31,11 +33,13 @@ from bench import (
     curriculum,
     data,
     first_batch,
+    journal_restart,
     memory,
     providers,
     ray_production,
     rpc,
     steady,
+    tokenizer_speed,
     trainer_loop,
     transport,
 )
@@ -55,6 +59,8 @@ MODULES = [
     (("9",), transport, "batch files over the network vs a raw socket, files and nanoGPT"),
     (("10",), providers, "each provider's tokens per second per worker process"),
     (("11",), ray_production, "production on Ray actors vs a local worker, 2 actors vs 1"),
+    (("12",), tokenizer_speed, "text_lm with tiktoken vs a Hugging Face BPE, each vs raw"),
+    (("13",), journal_restart, "restart after 200k files served vs a fresh root"),
 ]
 ALL_ROWS = [row for rows, _, _ in MODULES for row in rows]
 # --only also takes a module's name for its rows.

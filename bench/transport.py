@@ -2,7 +2,9 @@
 
 9a: FetchFile of one leased file, in MB/s, beside a raw loopback TCP socket that moves the
     same bytes from a thread of this process (no framing, no checksum): the cost of gRPC
-    streaming, chunking and the crc32 check. Goal: at least 0.5x the raw socket.
+    streaming, chunking and the crc32 check. Goal: at least 0.5x the raw socket. Beside it,
+    the same FetchFile read bare (chunks counted, nothing joined or checked): what gRPC's
+    Python stream itself moves, the ceiling for the client's side.
 9b: get_batch read through whole files (file boundaries included), with transport "grpc"
     beside transport "file" on a dataset of the same config, and beside nanoGPT's get_batch
     for the same batch shape.
@@ -77,7 +79,7 @@ def _raw_socket_mb_s(data: bytes, repeats: int) -> float:
     return len(data) / median(times) / 1e6
 
 
-def _fetch_row(settings: Settings, server: Server) -> Result:
+def _fetch_rows(settings: Settings, server: Server) -> list[Result]:
     from queue_client.fetch import FileFetcher
     from queue_client.rpc import Rpc
     from queue_client.wire import batchqueue_pb2 as pb
@@ -106,6 +108,14 @@ def _fetch_row(settings: Settings, server: Server) -> Result:
             fetch_times.append(time.perf_counter() - began)
         fetch_mb_s = lease.size_bytes / median(fetch_times) / 1e6
         raw_mb_s = _raw_socket_mb_s(data, settings.repeats)
+        bare_times = []
+        for _ in range(settings.repeats):
+            began = time.perf_counter()
+            request = pb.FetchFileRequest(lease_id=lease.lease_id, client_id=client_id)
+            for _chunk in rpc.stream("FetchFile", request, timeout_s=60):
+                pass
+            bare_times.append(time.perf_counter() - began)
+        bare_mb_s = lease.size_bytes / median(bare_times) / 1e6
     finally:
         rpc.call(
             "ReleaseLease",
@@ -115,19 +125,32 @@ def _fetch_row(settings: Settings, server: Server) -> Result:
         )
         rpc.close()
     ratio = fetch_mb_s / raw_mb_s
-    return Result(
-        "9",
-        f"FetchFile of a {lease.size_bytes / 1e6:.1f} MB file",
-        fetch_mb_s,
-        "MB/s",
-        "raw loopback TCP",
-        raw_mb_s,
-        "MB/s",
-        ratio,
-        "x raw socket",
-        goal=f">= {FETCH_GOAL}x",
-        met=ratio >= FETCH_GOAL,
-    )
+    return [
+        Result(
+            "9",
+            f"FetchFile of a {lease.size_bytes / 1e6:.1f} MB file",
+            fetch_mb_s,
+            "MB/s",
+            "raw loopback TCP",
+            raw_mb_s,
+            "MB/s",
+            ratio,
+            "x raw socket",
+            goal=f">= {FETCH_GOAL}x",
+            met=ratio >= FETCH_GOAL,
+        ),
+        Result(
+            "9",
+            f"FetchFile of a {lease.size_bytes / 1e6:.1f} MB file",
+            fetch_mb_s,
+            "MB/s",
+            "bare gRPC stream of it",
+            bare_mb_s,
+            "MB/s",
+            fetch_mb_s / bare_mb_s,
+            "x the bare stream",
+        ),
+    ]
 
 
 def _read_files_us(server: Server, dataset: str, transport: str, files: int, nb: int) -> float:
@@ -148,7 +171,7 @@ def _read_files_us(server: Server, dataset: str, transport: str, files: int, nb:
 
 def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Result]:
     server = found["transport"]
-    results = [_fetch_row(settings, server)]
+    results = _fetch_rows(settings, server)
     nb = settings.pick(100, 4)
     files = settings.pick(6, 2)
     grpc_us = _read_files_us(server, "net_grpc", "grpc", files, nb)

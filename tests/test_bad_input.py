@@ -156,7 +156,8 @@ def test_malformed_config_names_the_key(tmp_path: Path, toml: str, named: str) -
     config = tmp_path / "bad.toml"
     config.write_text(toml)
     proc = subprocess.run(
-        [sys.executable, "-m", "queue_server", "--config", str(config), "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "queue_server", "--config", str(config), "--listen", "127.0.0.1:0"]
+        + ["--metrics-listen", ""],
         capture_output=True,
         text=True,
         env=subprocess_env(),

@@ -150,6 +150,7 @@ def check_data_root(root: Path) -> None:
         "queue",
         "quarantine",
         "journal",
+        "stats",
     }
     for sub in ("queue", "quarantine"):
         assert set(os.listdir(root / "d" / sub)) <= set(SPLITS)
@@ -254,7 +255,13 @@ def acquire_code(
     """What AcquireLease must answer, in the servicer's order of checks; None: OK, or the
     codes a valid request may meet (no file in time, a world size conflict)."""
     ws = world_size or 1
-    if len(client_id) > 128 or wait_ms < 0:
+    if (  # the bounds of every number, checked before the names (request_bounds.py)
+        len(client_id) > 128
+        or not 0 <= wait_ms <= 600_000
+        or not 0 <= world_size <= 65_536
+        or not 0 <= rank < ws
+        or (seq is not None and not 0 <= seq < 10**10)
+    ):
         return Code.INVALID_ARGUMENT
     code = name_code(dataset) or split_code(split)
     if code is not None:

@@ -133,7 +133,7 @@ def test_a_server_with_a_bombed_meta_pkl_fails_the_dataset_and_keeps_answering(
     meta = loads_plain(meta_path.read_bytes())
     meta["bomb"] = shared_bomb(19, leaf_bytes=200)
     dump_meta(meta_path, meta)
-    server = start_server(tiny(), data_root=root, wait_serving=False)
+    server = start_server(tiny(), data_root=root, wait_serving=False, args=("--keep-serving",))
     assert server.stub.Ping(pb.PingRequest(), timeout=5) is not None
     wait_until(lambda: server.stats("d")["state"] == "failed", 60, "the dataset to fail")
     error = server.stats("d")["last_error"]

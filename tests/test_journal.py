@@ -1,13 +1,21 @@
-"""The typed, versioned journal: round trips, today's format, yesterday's format, torn tails."""
+"""The typed, versioned journal: round trips, today's format, yesterday's format, torn tails;
+a journal lost under a running server or missing at start is named, never replaced."""
 
 from __future__ import annotations
 
 import json
+import os
+import textwrap
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
+from conftest import wait_until
 from queue_client import errors
+from queue_client.wire import batchqueue_pb2 as pb
 from queue_server import journal as journal_module
 from queue_server.journal import (
     JOURNAL_VERSION,
@@ -15,11 +23,14 @@ from queue_server.journal import (
     AlphaChange,
     Consumed,
     Journal,
+    JournalLost,
     Produced,
     Quarantined,
     decode,
     encode,
 )
+
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 RECORDS = [
     Produced(0, "a.pt", 100, 7, 0, True, {"cursor": 1}, {"cursor": 2}),
@@ -87,6 +98,27 @@ def test_a_journal_from_before_versions_still_loads(tmp_path: Path) -> None:
     assert summary.alpha_changes == [AlphaChange(4, 0.25, 0)]
 
 
+def test_records_with_a_seq_out_of_range_are_skipped_at_replay(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal written before requests were bounded may hold a seq near 2**63; replay
+    skips such a record, says so, and keeps every other one, so the split serves again."""
+    path = tmp_path / "train.jsonl"
+    lines = [
+        {"v": 3, "e": "p", "seq": 0, "name": "x.pt", "bytes": 5, "crc": 1, "w": 0},
+        {"v": 3, "e": "c", "seq": 2**63 - 2, "ws": 1},
+        {"v": 3, "e": "p", "seq": -5, "name": "y.pt", "bytes": 5, "crc": 1, "w": 0},
+        {"v": 3, "e": "c", "seq": 0, "ws": 1},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with caplog.at_level("WARNING", logger="queue_server.journal"), Journal(path) as journal:
+        summary = journal.replay()
+    assert summary.consumed == {0} and summary.produced_count == 1
+    assert summary.last_consumed == {0: 0}
+    skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(skipped) == 2 and str(2**63 - 2) in skipped[0]
+
+
 def test_a_newer_journal_is_refused_by_name(tmp_path: Path) -> None:
     path = tmp_path / "train.jsonl"
     path.write_text(json.dumps({"v": JOURNAL_VERSION + 1, "e": "c", "seq": 0}) + "\n")
@@ -130,5 +162,115 @@ def test_a_reader_of_version_2_refuses_advanced_records(monkeypatch: pytest.Monk
     stream position they hold, so it must refuse the journal instead."""
     obj = json.loads(encode(Advanced(2, 0)))
     monkeypatch.setattr(journal_module, "JOURNAL_VERSION", 2)
-    with pytest.raises(errors.ConfigError, match="journal version 3, this one reads up to 2"):
+    with pytest.raises(errors.ConfigError, match=r"journal version [34], this one reads up to 2"):
         decode(obj, "train.jsonl")
+
+
+# ---- a journal lost under a running server, or missing at start ------------------------------
+
+
+def test_a_deleted_or_cut_journal_is_noticed_at_the_next_append(tmp_path: Path) -> None:
+    """The file is checked before each append: deleted, replaced or cut shorter than what was
+    written, the append raises JournalLost naming the file, and no new journal is begun."""
+    path = tmp_path / "train.jsonl"
+    journal = Journal(path)
+    journal.append(Consumed(0, 1))
+    path.unlink()
+    with pytest.raises(JournalLost, match=r"train.jsonl was deleted while the server ran"):
+        journal.append(Consumed(1, 1))
+    assert not path.exists()
+    journal.close()
+    journal = Journal(path)
+    journal.append(Consumed(0, 1))
+    journal.append(Consumed(1, 1))
+    os.truncate(path, 10)
+    with pytest.raises(JournalLost, match=r"was cut to 10 bytes .*it had written \d+"):
+        journal.append(Consumed(2, 1))
+    journal.close()
+    journal = Journal(path)
+    journal.append(Consumed(0, 1))
+    path.rename(tmp_path / "elsewhere.jsonl")
+    path.write_bytes(b"")
+    with pytest.raises(JournalLost, match="replaced by another file"):
+        journal.append(Consumed(1, 1))
+    journal.close()
+
+
+TINY = textwrap.dedent(
+    """
+    [server]
+    lease_ttl_s = 60
+    [datasets.d]
+    provider = "bq_test_providers:TinyProvider"
+    batch_size = 2
+    batches_per_file = 2
+    """
+)
+CLIENT = "journal-test"
+
+
+def _consume(server: Any) -> int:
+    lease = server.stub.AcquireLease(
+        pb.AcquireLeaseRequest(dataset="d", split="train", client_id=CLIENT, wait_ms=10_000),
+        timeout=30,
+    )
+    server.stub.ReleaseLease(
+        pb.ReleaseLeaseRequest(lease_id=lease.lease_id, client_id=CLIENT, outcome=pb.CONSUMED),
+        timeout=30,
+    )
+    return lease.seq
+
+
+@pytest.mark.parametrize("how", ["deleted", "cut"])
+def test_a_journal_lost_while_serving_stops_the_split_by_name(start_server, how: str) -> None:
+    """Deleted (or cut shorter) under a running server: the next append notices, the split
+    stops (acquires UNAVAILABLE), and the log, GetStats and health name the journal; no new
+    journal file is begun."""
+    server = start_server(TINY)
+    server.wait_ready_files("d", 2)
+    _consume(server)
+    path = server.data_root / "d" / "journal" / "train.jsonl"
+    if how == "deleted":
+        path.unlink()
+    else:
+        os.truncate(path, path.stat().st_size // 2)
+    with pytest.raises(grpc.RpcError) as err:
+        _consume(server)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    said = {"deleted": "was deleted while the server ran", "cut": "was cut to"}[how]
+    assert said in err.value.details() and str(path) in err.value.details()
+    stats = server.split_stats("d")
+    assert said in stats["journal_error"] and str(path) in stats["journal_error"]
+    assert server.stats("d")["state"] == "unavailable" and said in server.stats("d")["last_error"]
+    assert server.health("batchqueue.v1.BatchQueue/d") == NOT_SERVING
+    assert said in server.log()
+    assert path.exists() == (how == "cut")  # nothing new was begun in its place
+    if how == "cut":
+        assert path.stat().st_size < 1000
+
+
+def test_a_journal_missing_at_start_beside_batch_files_fails_the_dataset_by_name(
+    start_server,
+) -> None:
+    """Batch files without their journal: the start fails naming the journal and the files
+    (the server exits 2 saying so; with --keep-serving, GetStats and health say so), and
+    nothing on disk is touched (no file removed as unknown)."""
+    server = start_server(TINY)
+    server.wait_ready_files("d", 2)
+    server.stop()
+    path = server.data_root / "d" / "journal" / "train.jsonl"
+    qdir = server.data_root / "d" / "queue" / "train"
+    files = sorted(p.name for p in qdir.iterdir())
+    path.unlink()
+    exits = start_server(TINY, wait_serving=False)
+    assert exits.proc.wait(timeout=60) == 2
+    assert f"the journal {path} is missing" in exits.log()
+    again = start_server(TINY, wait_serving=False, args=("--keep-serving",))
+    stats = wait_until(
+        lambda: (s := again.stats("d"))["state"] == "failed" and s, 60, "the dataset to fail"
+    )
+    assert f"the journal {path} is missing" in stats["last_error"]
+    assert "queue-server reset" in stats["last_error"]
+    assert again.health("batchqueue.v1.BatchQueue/d") == NOT_SERVING
+    assert f"the journal {path} is missing" in again.log()
+    assert sorted(p.name for p in qdir.iterdir()) == files and not path.exists()

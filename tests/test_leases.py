@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from queue_client import errors
@@ -96,3 +98,59 @@ def test_lowest_held_and_counts_per_rank() -> None:
     assert table.lowest_held() == {0: 4, 1: 5}
     assert table.count_by_rank() == {0: 1, 1: 3}
     assert table.world_sizes() == {4}
+
+
+# ---- two live clients on one rank ---------------------------------------------------------
+
+
+def test_two_live_clients_on_one_rank_are_duplicates_and_warned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    table, clock = _table()
+    with caplog.at_level(logging.WARNING, logger="queue_server.leases"):
+        a = table.grant(0, rank=0, world_size=2, client_id="trainer-a")
+        table.grant(1, rank=1, world_size=2, client_id="trainer-r1")
+        clock.now += 1
+        table.grant(0, rank=0, world_size=2, client_id="trainer-b")  # takes a's lease over
+        assert table.claims.duplicates() == {}  # a may have died: not yet a duplicate
+        clock.now += 1
+        assert not table.renew(a.lease_id, "trainer-a")  # lost to b: says nothing of a
+        table.grant(2, rank=0, world_size=2, client_id="trainer-a")  # a is alive after all
+        assert table.claims.duplicates() == {0: ["trainer-a", "trainer-b"]}
+        for _ in range(3):  # still fighting: no second warning
+            clock.now += 1
+            table.grant(4, rank=0, world_size=2, client_id="trainer-b")
+            table.grant(4, rank=0, world_size=2, client_id="trainer-a")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    claimed = [w for w in warnings if "claimed by 2 live clients" in w]
+    assert len(claimed) == 1 and "rank 0" in claimed[0] and "trainer-a, trainer-b" in claimed[0]
+    # b stops: once it has been quiet for a lease TTL, a alone holds the rank.
+    clock.now += 11
+    table.grant(6, rank=0, world_size=2, client_id="trainer-a")
+    assert table.claims.duplicates() == {}
+
+
+def test_a_restarted_trainer_replacing_a_dead_one_is_no_duplicate() -> None:
+    table, clock = _table()
+    old = table.grant(0, rank=0, world_size=1, client_id="old")
+    clock.now += 2
+    assert table.renew(old.lease_id, "old")
+    clock.now += 3  # old dies; its successor starts before old's leases expire
+    table.grant(0, rank=0, world_size=1, client_id="new")
+    for _ in range(5):
+        clock.now += 1
+        table.grant(1, rank=0, world_size=1, client_id="new")
+    assert table.claims.duplicates() == {}
+
+
+def test_claims_per_rank_stay_bounded() -> None:
+    """A flood of client ids on one rank keeps the newest few, and still finds the two that
+    fight over it."""
+    table, clock = _table()
+    for i in range(1000):
+        clock.now += 0.001
+        table.grant(i, rank=0, world_size=1, client_id=f"c{i}")
+        table.grant(i, rank=0, world_size=1, client_id="a" if i % 2 else "b")
+    assert len(table.claims._claims[0]) <= 16
+    (found,) = table.claims.duplicates().values()
+    assert {"a", "b"} <= set(found) and len(found) <= 16

@@ -66,10 +66,45 @@ batch_size = 2
 batches_per_file = 2
 max_worker_restarts = 0
 """
-    server = start_server(config, wait_serving=False)
+    server = start_server(config, wait_serving=False, args=("--keep-serving",))
+    assert _get(server.metrics_address, "/healthz")[0] == 503  # starting or failed: not up
     wait_until(
-        lambda: _get(server.metrics_address, "/healthz")[0] == 503, what="healthz to turn 503"
+        lambda: "(failed)" in _get(server.metrics_address, "/healthz")[1],
+        what="healthz to report the failure",
     )
-    assert "bad" in _get(server.metrics_address, "/healthz")[1]
+    assert _get(server.metrics_address, "/healthz")[0] == 503
+    # The probe says which dataset, in what state, and why, so the operator need not dig.
+    body = _get(server.metrics_address, "/healthz")[1]
+    assert body.startswith("NOT_SERVING bad (failed): ")
+    assert "boom from FailingProvider" in body
     samples = _samples(server.metrics_address)
     assert samples[("batchqueue_dataset_up", (("dataset", "bad"),))] == 0.0
+
+
+def test_metrics_count_tokens_and_worker_memory_without_bogus_series(
+    start_server, corpus: Path
+) -> None:
+    """A token counter and each worker's resident memory; no `_created` series (they only
+    restate the start time) and no le="0.0" bucket in the wait histogram."""
+    server = start_server(char_config(corpus, extra="workers = 2"))
+    key = (("dataset", "chars"), ("split", "train"))
+    with QueueClient(server.address, "chars") as client:
+        for _ in range(5 * 3):
+            client.get_batch("train")
+        wait_until(
+            lambda: server.split_stats("chars")["consumed_files"] >= 2, what="files consumed"
+        )
+        consumed = server.split_stats("chars")["consumed_files"]
+        samples = _samples(server.metrics_address)
+    # char_config: batch_size 4, block_size 16, batches_per_file 5.
+    assert samples[("batchqueue_tokens_served_total", key)] == consumed * 5 * 4 * 16
+    pids = {s: server.split_stats("chars", s)["worker_pids"] for s in ("train", "val")}
+    for split, split_pids in pids.items():
+        for worker in range(len(split_pids)):
+            labels = (("dataset", "chars"), ("split", split), ("worker", str(worker)))
+            assert samples[("batchqueue_worker_rss_bytes", labels)] > 20 << 20
+    assert not any(name.endswith("_created") for name, _ in samples)
+    status, text = _get(server.metrics_address, "/metrics")
+    assert status == 200 and "_created" not in text
+    buckets = [dict(labels)["le"] for name, labels in samples if name.endswith("_bucket")]
+    assert buckets and "0.0" not in buckets and "+Inf" in buckets

@@ -92,7 +92,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faults]:
     fault_file = tmp / "disk-full"
     fault_file.touch()
     factory = ServerFactory(tmp)
-    server = factory(module_config(fault_file), wait_serving=False)
+    server = factory(module_config(fault_file), wait_serving=False, args=("--keep-serving",))
     for name in ("slow", "full", "tiny", "order"):
         wait_until(
             lambda name=name: server.health(health_name(name)) == SERVING, 60, f"{name} SERVING"

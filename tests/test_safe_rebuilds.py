@@ -187,7 +187,7 @@ def test_an_id_at_vocab_size_is_refused_at_write_time(start_server, tmp_path: Pa
         max_worker_restarts = 1
         """
     )
-    server = start_server(config, wait_serving=False)
+    server = start_server(config, wait_serving=False, args=("--keep-serving",))
     wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
     error = server.stats("bad")["last_error"]
     assert "field 'y' holds id 1000" in error and "vocab_size is 1000" in error, error

@@ -77,7 +77,7 @@ def open_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenServer
     config = "[server]\nlease_ttl_s = 30\n" + "".join(
         tiny(n) for n in ("sym", "evil", "elsewhere", "poisoned")
     )
-    server = factory(config, listen="0.0.0.0:0", wait_serving=False)
+    server = factory(config, listen="0.0.0.0:0", wait_serving=False, args=("--keep-serving",))
     for name in ("sym", "evil", "elsewhere"):
         wait_until(
             lambda name=name: server.health(f"batchqueue.v1.BatchQueue/{name}") == SERVING,

@@ -18,6 +18,8 @@ from queue_client import QueueClient, errors
 from queue_client.batchfile import load_batch_file, scan_queue
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# A failed dataset stops the server (exit 2) unless told to keep serving the others.
+KEEP_SERVING = ("--keep-serving",)
 
 
 def _test_provider_config(provider: str, name: str = "bad", restarts: int = 1) -> str:
@@ -33,7 +35,9 @@ def _test_provider_config(provider: str, name: str = "bad", restarts: int = 1) -
 
 
 def test_failing_provider_marks_dataset_failed(start_server) -> None:
-    server = start_server(_test_provider_config("FailingProvider"), wait_serving=False)
+    server = start_server(
+        _test_provider_config("FailingProvider"), wait_serving=False, args=KEEP_SERVING
+    )
     wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
     stats = server.stats("bad")
     assert "boom from FailingProvider" in stats["last_error"]
@@ -44,7 +48,11 @@ def test_failing_provider_marks_dataset_failed(start_server) -> None:
 
 
 def test_crashing_worker_is_restarted_and_leaves_no_partial_file(start_server) -> None:
-    server = start_server(_test_provider_config("CrashingProvider", restarts=2), wait_serving=False)
+    server = start_server(
+        _test_provider_config("CrashingProvider", restarts=2),
+        wait_serving=False,
+        args=KEEP_SERVING,
+    )
     wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
     restarts = [server.split_stats("bad", split)["worker_restarts"] for split in ("train", "val")]
     assert (
@@ -56,14 +64,18 @@ def test_crashing_worker_is_restarted_and_leaves_no_partial_file(start_server) -
 
 
 def test_missing_meta_keys_are_named(start_server) -> None:
-    server = start_server(_test_provider_config("MissingMetaProvider"), wait_serving=False)
+    server = start_server(
+        _test_provider_config("MissingMetaProvider"), wait_serving=False, args=KEEP_SERVING
+    )
     wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
     error = server.stats("bad")["last_error"]
     assert "split_info" in error and "vocab_size" in error
 
 
 def test_schema_violation_names_the_field(start_server) -> None:
-    server = start_server(_test_provider_config("WrongSchemaProvider"), wait_serving=False)
+    server = start_server(
+        _test_provider_config("WrongSchemaProvider"), wait_serving=False, args=KEEP_SERVING
+    )
     wait_until(lambda: server.stats("bad")["state"] == "failed", what="the dataset to fail")
     error = server.stats("bad")["last_error"]
     assert "'y'" in error and "float32" in error
@@ -113,7 +125,7 @@ def test_dataset_dir_built_from_another_config_is_refused_not_deleted(
     server.stop()
     meta = server.data_root / "chars" / "meta.pkl"
     before = meta.read_bytes()
-    server2 = start_server(char_config(corpus, batch_size=8), wait_serving=False)
+    server2 = start_server(char_config(corpus, batch_size=8), wait_serving=False, args=KEEP_SERVING)
     wait_until(lambda: server2.stats("chars")["state"] == "failed", what="the dataset to fail")
     error = server2.stats("chars")["last_error"]
     assert "another config" in error and "nothing is deleted" in error
@@ -184,7 +196,8 @@ def test_a_second_server_on_the_same_data_root_is_refused(start_server, corpus: 
     root = start_server(char_config(corpus)).data_root
     first = start_server.servers[-1]
     second = subprocess.run(
-        [sys.executable, "-m", "queue_server", "--listen", "127.0.0.1:0", "--data-root", str(root)],
+        [sys.executable, "-m", "queue_server", "--listen", "127.0.0.1:0", "--data-root", str(root)]
+        + ["--metrics-listen", ""],
         capture_output=True,
         text=True,
         timeout=60,

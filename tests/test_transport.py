@@ -39,6 +39,7 @@ from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server.app import ensure_root_id
 from queue_server.config import parse_config
 
+CHUNK = 64 << 10  # the smallest chunk a client may ask for: several per file
 NB = 5  # batches per file
 STEPS = 30  # batches the trainers read: six files
 TOKEN = "transport-test-token"
@@ -73,7 +74,7 @@ def module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Module]:
     config = "[server]\nlease_ttl_s = 30\n" + "".join(
         char_table(name, corpus) for name in ("chars", "twin", "ghost", "victim", "lossy", "gpu")
     )
-    # ~2.6 MB files: several 1 MiB chunks each.
+    # Files of several 64 KiB chunks each.
     config += char_table("big", corpus, batch_size=64, block_size=256, nb=10)
     factory = ServerFactory(tmp)
     server = factory(config)
@@ -101,9 +102,10 @@ def batch_hash(x: torch.Tensor, y: torch.Tensor) -> str:
 
 
 def test_fetch_file_streams_the_leased_file_in_chunks(module: Module) -> None:
-    """FetchFile sends the leased file in order, in chunks of at most 1 MiB, the first with
-    the lease's size and crc32; joined, they are the bytes on the server's disk. FileFetcher
-    assembles and verifies the same bytes, and refuses a file over its max_bytes."""
+    """FetchFile sends the leased file in order, in chunks of at most the size asked for (64 KiB
+    here), the first with the lease's size and crc32; joined, they are the bytes on the
+    server's disk. FileFetcher assembles and verifies the same bytes from several chunks, and
+    refuses a file over its max_bytes; a chunk size out of range is INVALID_ARGUMENT."""
     stub = module.server.stub
     lease = stub.AcquireLease(
         pb.AcquireLeaseRequest(dataset="big", split="train", client_id="me", seq=0, wait_ms=30000),
@@ -112,10 +114,13 @@ def test_fetch_file_streams_the_leased_file_in_chunks(module: Module) -> None:
     try:
         on_disk = (module.server.data_root / lease.path).read_bytes()
         chunks = list(
-            stub.FetchFile(pb.FetchFileRequest(lease_id=lease.lease_id, client_id="me"), timeout=30)
+            stub.FetchFile(
+                pb.FetchFileRequest(lease_id=lease.lease_id, client_id="me", max_chunk_bytes=CHUNK),
+                timeout=30,
+            )
         )
-        assert len(chunks) == -(-len(on_disk) // (1 << 20)) >= 2
-        assert all(0 < len(c.data) <= 1 << 20 for c in chunks)
+        assert len(chunks) == -(-len(on_disk) // CHUNK) >= 2
+        assert all(0 < len(c.data) <= CHUNK for c in chunks)
         assert [c.offset_bytes for c in chunks] == [
             sum(len(c.data) for c in chunks[:i]) for i in range(len(chunks))
         ]
@@ -126,13 +131,23 @@ def test_fetch_file_streams_the_leased_file_in_chunks(module: Module) -> None:
 
         rpc = Rpc(module.server.address)
         try:
-            fetcher = FileFetcher(rpc, "me", max_bytes=len(on_disk), timeout_s=30)
+            fetcher = FileFetcher(
+                rpc, "me", max_bytes=len(on_disk), timeout_s=30, chunk_bytes=CHUNK
+            )
             assert fetcher.fetch(lease.lease_id, lease.size_bytes, lease.crc32, "big/0") == on_disk
             small = FileFetcher(rpc, "me", max_bytes=len(on_disk) - 1, timeout_s=30)
             with pytest.raises(errors.InvalidRequest, match="max_fetch_bytes"):
                 small.fetch(lease.lease_id, lease.size_bytes, lease.crc32, "big/0")
         finally:
             rpc.close()
+        for bad in (1, (16 << 20) + 1, -1):
+            request = pb.FetchFileRequest(
+                lease_id=lease.lease_id, client_id="me", max_chunk_bytes=bad
+            )
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.FetchFile(request, timeout=30))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "max_chunk_bytes" in err.value.details()
     finally:
         stub.ReleaseLease(
             pb.ReleaseLeaseRequest(lease_id=lease.lease_id, client_id="me", outcome=pb.RETURNED),

@@ -2,7 +2,12 @@
 
 Shutdown order: health goes NOT_SERVING (load balancers and probes stop sending work), the
 gRPC server stops with a grace period (calls in flight finish), then the datasets stop their
-worker processes and close their journals.
+worker processes and close their journals, and last the temp files of interrupted writes by
+those (now stopped) workers are removed, so a stopped server leaves no temp file behind.
+
+The server says what it does without -v: one line when it listens, one per dataset once that
+serves (its splits, workers per split, backend and address), and the failure of a dataset.
+`failure` is set when a dataset fails; the CLI decides whether that stops the server.
 
 At start the server also reads its TLS certificate and key (when configured; the TCP
 listener then speaks TLS only) and the data root's id, made on first use, which GetMeta
@@ -30,12 +35,13 @@ from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server.auth import TokenInterceptor
 from queue_server.config import ServerConfig, parse_listen
-from queue_server.dataset import SERVING, DatasetRuntime
+from queue_server.dataset import FAILED, SERVING, DatasetRuntime
 from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
 from queue_server.root_lock import DataRootLock
 from queue_server.servicer import BatchQueueServicer
 from queue_server.split_queue import SplitQueue
+from queue_server.temp_sweep import remove_orphan_temp_files
 from queue_server.unix_socket import claim_socket_path, remove_socket, socket_identity
 
 log = logging.getLogger("queue_server")
@@ -82,6 +88,23 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def describe_serving(runtime: DatasetRuntime, address: str) -> str:
+    """The line a dataset logs once it serves: its splits, workers per split, backend, address."""
+    config = runtime.config
+    splits = list(runtime.meta.get("split_info", ()))
+    curriculum = set(config.curriculum.splits) if config.selection == "curriculum" else set()
+    parts = []
+    for split in splits:
+        n = config.workers_for(split, splits)
+        how = f"{n} worker{'s' if n != 1 else ''}" + (", curriculum" if split in curriculum else "")
+        parts.append(f"{split} ({how})")
+    backend = config.backend + (f" at {config.ray_address}" if config.backend == "ray" else "")
+    return (
+        f"dataset {runtime.name} serving on {address}: splits {', '.join(parts) or 'none'}; "
+        f"backend {backend}"
+    )
+
+
 def health_name(dataset: str) -> str:
     """The health service name of one dataset: NOT_SERVING while it starts or after it failed."""
     return f"{SERVICE_NAME}/{dataset}"
@@ -109,8 +132,18 @@ class QueueServer:
         self.metrics_address = ""
         self._root_lock = DataRootLock(root)
         self.root_id = ""
+        # Datasets that failed, in order, and whether any did: the CLI stops on it by default.
+        self.failed: list[DatasetRuntime] = []
+        self.failure = asyncio.Event()
+        self.served_once: set[str] = set()  # datasets that reached SERVING at least once
 
     def _on_dataset_state(self, runtime: DatasetRuntime) -> None:
+        if runtime.state == SERVING and runtime.name not in self.served_once:
+            self.served_once.add(runtime.name)
+            log.info("%s", describe_serving(runtime, self.address))
+        if runtime.state == FAILED and runtime not in self.failed:
+            self.failed.append(runtime)
+            self.failure.set()
         asyncio.get_running_loop().create_task(self._publish_health())
 
     async def _publish_health(self) -> None:
@@ -195,11 +228,13 @@ class QueueServer:
         for runtime in self.datasets.values():
             self._tasks.append(asyncio.get_running_loop().create_task(runtime.start()))
         log.info(
-            "batchqueue serving %s on %s%s (data root %s)",
-            sorted(self.datasets),
+            "batchqueue listening on %s%s for datasets %s (data root %s%s); each dataset "
+            "logs a line once it serves",
             self.address,
             " with TLS" if credentials is not None else "",
+            ", ".join(sorted(self.datasets)),
             cfg.data_root,
+            f", /metrics and /healthz on {self.metrics_address}" if self.metrics_address else "",
         )
         return self.address
 
@@ -221,6 +256,12 @@ class QueueServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await asyncio.gather(*(rt.close() for rt in self.datasets.values()), return_exceptions=True)
+        # Every worker is stopped and reaped now: what its interrupted writes left can go.
+        removed = await asyncio.to_thread(
+            remove_orphan_temp_files, [rt.dir for rt in self.datasets.values()]
+        )
+        if removed:
+            log.info("removed %d temp file(s) of writes that the stop interrupted", removed)
         listen = parse_listen(self.config.listen)
         if listen.unix_path:
             await asyncio.to_thread(remove_socket, listen.unix_path, self._unix_socket)

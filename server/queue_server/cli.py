@@ -2,6 +2,13 @@
 
 `queue-server reset DATASET [--config FILE] [--data-root DIR] [--delete]` moves a dataset's
 directory aside (or deletes it), so that the next start rebuilds it from its inputs.
+
+Exit codes: 0 after a stop asked for by SIGINT (Ctrl-C) or SIGTERM, once the staged shutdown
+is done (workers stopped, temp files removed, journals closed); 2 for a config error or a
+dataset that failed (its config, its inputs, its provider), after the same shutdown, unless
+--keep-serving (server.keep_serving) keeps the other datasets up; 1 for an OS error such as
+an address in use; 130 for a Ctrl-C before the server was up. A Ctrl-C reaches the workers
+too (one process group); they ignore it, and the server stops them.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from queue_client.errors import ConfigError, InvalidRequest
 from queue_client.layout import atomic_write
 from queue_server.app import QueueServer
 from queue_server.config import ServerConfig, load_config, parse_listen
+from queue_server.dataset import DatasetRuntime
+from queue_server.logs import configure_logging
 from queue_server.reset import NothingToReset, reset_dataset
 
 
@@ -54,6 +63,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="write {address, metrics_address, pid} here as JSON once bound",
     )
+    p.add_argument(
+        "--keep-serving",
+        action="store_true",
+        default=None,
+        help="when a dataset fails, keep serving the others and report it NOT_SERVING with its "
+        "reason in health and stats, instead of exiting with code 2 (sets server.keep_serving)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per produced file")
     return p.parse_args(argv)
 
@@ -72,44 +88,87 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         overrides["ranks"] = args.ranks
     if args.world_size is not None:
         overrides["world_size"] = args.world_size
+    if args.keep_serving:
+        overrides["keep_serving"] = True
     return replace(config, **overrides)
 
 
-async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
-    server = QueueServer(config)
-    address = await server.start()
-    if not config.served.all:
-        logging.getLogger("queue_server").info("serving %s only", config.served.describe())
-    if ready_file is not None:
-        ready = {"address": address, "metrics_address": server.metrics_address, "pid": os.getpid()}
-        atomic_write(ready_file, json.dumps(ready).encode())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    bad_config: list[str] = []
+class DatasetFailed(Exception):
+    """A dataset failed and the server stopped for it (exit code 2); names it and the error."""
 
-    async def fail_fast_on_config_errors() -> None:
-        await server.wait_ready()
-        bad_config.extend(
-            f"datasets.{rt.name}: {rt.last_error}"
-            for rt in server.datasets.values()
-            if rt.config_error
+
+def _failure(server: QueueServer, failed: list[DatasetRuntime]) -> Exception:
+    """The error the CLI exits with: a ConfigError when every failure is a config error
+    (its first line names the key, as a config error at load does), else DatasetFailed."""
+    if all(rt.config_error for rt in failed):
+        return ConfigError("; ".join(f"datasets.{rt.name}: {rt.last_error}" for rt in failed))
+    message = "; ".join(
+        f"dataset {rt.name!r} failed"
+        + ("" if rt.name in server.served_once else " to start")
+        + f": {rt.last_error}"
+        for rt in failed
+    )
+    if len(server.datasets) > 1:
+        message += (
+            "; the server stopped with it (--keep-serving, or server.keep_serving = true, "
+            "keeps the other datasets serving)"
         )
-        if bad_config:
+    return DatasetFailed(message)
+
+
+async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
+    """Serve until SIGINT or SIGTERM, or until a dataset fails (unless config.keep_serving);
+    raises ConfigError or DatasetFailed for the latter, after the same staged shutdown."""
+    log = logging.getLogger("queue_server")
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    reason: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            log.info("%s: already stopping", sig.name)
+            return
+        reason.append(sig.name)
+        stop.set()
+
+    # Before anything starts: a signal while starting is a stop, never a traceback.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        server = QueueServer(config)
+        address = await server.start()
+        if not config.served.all:
+            log.info("serving %s only", config.served.describe())
+        if ready_file is not None:
+            ready = {
+                "address": address,
+                "metrics_address": server.metrics_address,
+                "pid": os.getpid(),
+            }
+            atomic_write(ready_file, json.dumps(ready).encode())
+
+        async def stop_on_failure() -> None:
+            await server.failure.wait()
+            reason.append(f"dataset {server.failed[0].name} failed")
             stop.set()
 
-    checker = loop.create_task(fail_fast_on_config_errors())
-    try:
-        await stop.wait()
+        watcher = None if config.keep_serving else loop.create_task(stop_on_failure())
+        try:
+            await stop.wait()
+        finally:
+            # Only a failure that stopped the server exits 2: one during the shutdown is its
+            # own doing, and with keep_serving a failed dataset is reported, not fatal.
+            failed = list(server.failed) if watcher is not None and watcher.done() else []
+            if watcher is not None:
+                watcher.cancel()
+            log.info("shutting down (%s)", reason[0] if reason else "stopped")
+            await server.stop()
+            log.info("stopped (exit code %d)", 2 if failed else 0)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        checker.cancel()
-        logging.getLogger("queue_server").info("shutting down")
-        await server.stop()
-    if bad_config:
-        raise ConfigError("; ".join(bad_config))
+    if failed:
+        raise _failure(server, failed)
 
 
 def run(coro: object) -> None:
@@ -160,10 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["reset"]:
         return _reset(argv[1:])
     args = _parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.verbose)
     try:
         config = build_config(args)
     except ConfigError as exc:
@@ -174,9 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"queue-server: config error: {exc}", file=sys.stderr)
         return 2
+    except DatasetFailed as exc:
+        print(f"queue-server: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"queue-server: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # outside the event loop's own handling of SIGINT
+        print("queue-server: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -84,6 +84,9 @@ class ServerConfig:
     # WORLD_SIZE (or NNODES x LOCAL_WORLD_SIZE); with "all", the world size production starts
     # from before any client asks (0: one rank until then).
     world_size: int = 0
+    # A dataset that fails (config, inputs, provider) stops the server with exit code 2;
+    # true keeps the others serving and reports the failed one NOT_SERVING with its reason.
+    keep_serving: bool = False
     # Where relative provider paths are resolved (the config file's directory).
     config_dir: Path = Path(".")
     verbose: bool = False
@@ -131,6 +134,12 @@ class ServerConfig:
             "a non-empty string",
         )
         self._check_tls()
+        check(
+            isinstance(self.keep_serving, bool),
+            "server.keep_serving",
+            self.keep_serving,
+            "true or false",
+        )
         names = [d.name for d in self.datasets]
         check(len(set(names)) == len(names), "datasets", names, "unique names")
         self._check_ranks()

@@ -5,17 +5,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from queue_client.errors import ConfigError, InvalidRequest
-from queue_client.layout import check_dataset_name
+from queue_client.layout import check_dataset_name, check_split_name
 from queue_server.config_checks import check, in_range, is_int, is_number
 
 MODES = ("deterministic", "best_effort")
 SELECTIONS = ("fifo", "curriculum")
 # Candidates ingested per served batch: beyond this a curriculum split does nothing else.
 MAX_CANDIDATE_OVERSAMPLE = 1_000.0
+# Composer processes per curriculum split: each pick waits for all of them.
+MAX_COMPOSER_WORKERS = 64
 
 BACKENDS = ("local", "ray")
 _RAY_LABEL = re.compile(r"node:([A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?)=([A-Za-z0-9._-]*)")
@@ -50,6 +53,9 @@ class CurriculumConfig:
     candidate_oversample: float = 2.0
     # Tokens sampled (spread over all of the data) to estimate the corpus distribution.
     starting_estimation_token_count: int = 10_000_000
+    # Composer processes per curriculum split, each scoring its share of the buffer; the
+    # served batches are the same for any count (not in the fingerprint).
+    composer_workers: int = 1
 
     def validate(self, where: str) -> None:
         from queue_server.curriculum.schedule import UNITS, check_points
@@ -93,6 +99,12 @@ class CurriculumConfig:
             'a non-empty list of split names such as ["train"]',
         )
         check(isinstance(self.field, str), f"{where}.curriculum_field", self.field, "a field name")
+        check(
+            is_int(self.composer_workers) and 1 <= self.composer_workers <= MAX_COMPOSER_WORKERS,
+            f"{where}.composer_workers",
+            self.composer_workers,
+            f"an integer in [1, {MAX_COMPOSER_WORKERS}]",
+        )
 
     @classmethod
     def from_table(cls, table: dict[str, Any], where: str) -> CurriculumConfig:
@@ -127,6 +139,7 @@ CURRICULUM_KEYS = {
     "candidate_buffer": "candidate_buffer",
     "candidate_oversample": "candidate_oversample",
     "starting_estimation_token_count": "starting_estimation_token_count",
+    "composer_workers": "composer_workers",
 }
 
 
@@ -143,14 +156,21 @@ class DatasetConfig:
     # prefetched next); production pauses at this depth and a release resumes it.
     max_backlog_files: int = 2
     seed: int = 1337
-    # Worker processes per split; worker w produces seqs w, w+workers, ...
+    # Worker processes of the training split; worker w produces seqs w, w+workers, ...
     workers: int = 1
+    # Worker processes of other splits, by name: an evaluation split is read a few batches
+    # at a time, so each gets 1 worker unless named here (split_workers = { val = 2 }).
+    split_workers: dict[str, Any] = field(default_factory=dict)
     # "deterministic": rank r of W reads seqs r, r+W, ...; "best_effort": any rank takes the
     # next ready file, at most max_lead files ahead of the slowest rank.
     mode: str = "deterministic"
     max_lead: int = 4
     # Worker crashes (process death or a raised error) in a row before the dataset is failed.
     max_worker_restarts: int = 3
+    # Journal records appended before the journal is compacted (0: never); and the files per
+    # rank, behind the slowest, whose stream states are kept for a rewind (streaming providers).
+    journal_compact_records: int = 10_000
+    journal_keep_files: int = 1_000
     # "fifo": files are served as produced; "curriculum": each served batch is picked from a
     # buffer of candidates by token neglect against an alpha-blended target (docs/curriculum.md).
     selection: str = "fifo"
@@ -189,10 +209,34 @@ class DatasetConfig:
             self.max_worker_restarts,
             "an integer >= 0",
         )
+        for key in ("journal_compact_records", "journal_keep_files"):
+            value = getattr(self, key)
+            check(is_int(value) and value >= 0, f"{where}.{key}", value, "an integer >= 0")
         check(self.mode in MODES, f"{where}.mode", self.mode, f"one of {MODES}")
         check(isinstance(self.args, dict), f"{where}.args", self.args, "a table")
+        self._check_split_workers(where)
         self._check_curriculum(where)
         self._check_backend(where)
+
+    def _check_split_workers(self, where: str) -> None:
+        key = f"{where}.split_workers"
+        check(isinstance(self.split_workers, dict), key, self.split_workers, "a table")
+        for split, count in self.split_workers.items():
+            try:
+                check_split_name(split)
+            except InvalidRequest as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+            check(is_int(count) and count >= 1, f"{key}.{split}", count, "an integer >= 1")
+
+    def workers_for(self, split: str, splits: Sequence[str]) -> int:
+        """Worker processes of `split` among the dataset's `splits` (meta's split_info order):
+        split_workers[split] if set; else `workers` for the training split ("train", else
+        the first) and for anything that is no split (the meta builder); else 1."""
+        if split in self.split_workers:
+            return self.split_workers[split]
+        if split not in splits or split == training_split(splits):
+            return self.workers
+        return 1
 
     def _check_curriculum(self, where: str) -> None:
         check(
@@ -237,8 +281,17 @@ class DatasetConfig:
             "batches_per_file": self.batches_per_file,
             "seed": self.seed,
             "workers": self.workers,
-            "args": self.args,
+            # args.remote says how URL inputs are fetched (queue_providers.remote), not what
+            # they hold: the inputs fingerprint catches a changed object.
+            "args": {k: v for k, v in self.args.items() if k != "remote"},
         }
+        # Other splits' workers: which worker makes a seq changes a streaming provider's
+        # files. Absent when every split has one worker, as before split_workers existed.
+        others = {
+            k: v for k, v in sorted(self.split_workers.items()) if v != 1 or self.workers != 1
+        }
+        if self.workers != 1 or others:
+            keyed["split_workers"] = {"default": 1, **others}
         if self.selection != "fifo":  # what is served depends on these too
             c = self.curriculum
             keyed["curriculum"] = [  # this order: data dirs built before keep their fingerprint
@@ -255,6 +308,13 @@ class DatasetConfig:
         return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[
             :16
         ]
+
+
+def training_split(splits: Sequence[str]) -> str:
+    """The split a dataset trains on: "train", else the first of meta's split_info."""
+    if "train" in splits or not splits:
+        return "train"
+    return splits[0]
 
 
 def dataset_from_table(name: str, table: dict[str, Any]) -> DatasetConfig:

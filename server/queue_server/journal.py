@@ -11,22 +11,36 @@ that no rank of this server reads (node-local serving, docs/multi-node.md): no f
 written, but its states are kept, so the stream resumes after it and the seq can still be
 made, byte for byte, if a rank asks for it after all.
 
+A "snapshot" record (compaction.py writes it, first in a compacted journal) holds the folded
+state of every record it replaced, followed by the `kept` records whose states a restart still
+needs, copied as they were: so a restart reads a journal whose length does not grow with the
+files served. Seqs below its `floor` were read by their rank already and are kept only as
+counts.
+
 Records are typed (the dataclasses below) and versioned: each line carries "v". Lines from
 before versions existed (no "v") are version 1, with the same keys, and still load. Version 3
-added "advanced" records.
+added "advanced" records, version 4 "snapshot" records.
+
+The file is checked before every append: a journal deleted, replaced or cut shorter under a
+running server raises JournalLost naming it, rather than the server writing on into a file
+that a restart would not find.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from queue_client import errors
+from queue_client.batchfile import MAX_SEQ
 
-JOURNAL_VERSION = 3
+log = logging.getLogger("queue_server.journal")
+
+JOURNAL_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,51 @@ class AlphaChange:
     rank: int
 
 
-Record = Produced | Advanced | Consumed | Quarantined | AlphaChange
+@dataclass
+class Folded:
+    """Seqs below a compaction floor, by their last state: counted, no longer listed."""
+
+    produced: int = 0
+    consumed: int = 0
+    quarantined: int = 0
+    missing: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The state folded from the records a compaction replaced. The `kept` records after it
+    are restored (their seqs' states and files), not counted again."""
+
+    floor: int
+    kept: int
+    world_size: int
+    last_consumed: dict[int, int]
+    consumed: tuple[int, ...]
+    quarantined: tuple[int, ...]
+    on_disk: tuple[int, ...]
+    alpha_changes: tuple[AlphaChange, ...]
+    counts: dict[str, int]
+    folded: Folded
+
+
+Record = Produced | Advanced | Consumed | Quarantined | AlphaChange | Snapshot
+
+
+def _snapshot_obj(record: Snapshot) -> dict[str, Any]:
+    f = record.folded
+    return {
+        "e": "s",
+        "floor": record.floor,
+        "kept": record.kept,
+        "ws": record.world_size,
+        "last": {str(k): v for k, v in sorted(record.last_consumed.items())},
+        "consumed": list(record.consumed),
+        "quarantined": list(record.quarantined),
+        "disk": list(record.on_disk),
+        "alpha": [[a.at, a.alpha, a.rank] for a in record.alpha_changes],
+        "counts": record.counts,
+        "folded": [f.produced, f.consumed, f.quarantined, f.missing],
+    }
 
 
 def encode(record: Record) -> bytes:
@@ -101,10 +159,32 @@ def encode(record: Record) -> bytes:
         obj = {"e": "c", "seq": record.seq, "ws": record.world_size}
     elif isinstance(record, Quarantined):
         obj = {"e": "q", "seq": record.seq, "why": record.reason}
+    elif isinstance(record, Snapshot):
+        obj = _snapshot_obj(record)
     else:
         obj = {"e": "alpha", "at": record.at, "alpha": record.alpha, "rank": record.rank}
     obj["v"] = JOURNAL_VERSION
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _alpha(at: Any, alpha: Any, rank: Any) -> AlphaChange:
+    return AlphaChange(int(at), None if alpha is None else float(alpha), int(rank))
+
+
+def _decode_snapshot(obj: dict[str, Any]) -> Snapshot:
+    folded = [int(x) for x in obj.get("folded") or (0, 0, 0, 0)]
+    return Snapshot(
+        floor=int(obj["floor"]),
+        kept=int(obj["kept"]),
+        world_size=int(obj.get("ws", 1)),
+        last_consumed={int(k): int(v) for k, v in (obj.get("last") or {}).items()},
+        consumed=tuple(int(s) for s in obj.get("consumed") or ()),
+        quarantined=tuple(int(s) for s in obj.get("quarantined") or ()),
+        on_disk=tuple(int(s) for s in obj.get("disk") or ()),
+        alpha_changes=tuple(_alpha(*a) for a in obj.get("alpha") or ()),
+        counts={str(k): int(v) for k, v in (obj.get("counts") or {}).items()},
+        folded=Folded(*folded[:4]),
+    )
 
 
 def decode(obj: dict[str, Any], where: str) -> Record | None:
@@ -136,10 +216,9 @@ def decode(obj: dict[str, Any], where: str) -> Record | None:
     if kind == "q":
         return Quarantined(int(obj["seq"]), str(obj.get("why", "")))
     if kind == "alpha":
-        alpha = obj.get("alpha")
-        return AlphaChange(
-            int(obj["at"]), None if alpha is None else float(alpha), int(obj.get("rank", 0))
-        )
+        return _alpha(obj["at"], obj.get("alpha"), obj.get("rank", 0))
+    if kind == "s":
+        return _decode_snapshot(obj)
     return None
 
 
@@ -178,11 +257,29 @@ class JournalSummary:
     # rank -> last consumed seq, under world_size.
     last_consumed: dict[int, int] = field(default_factory=dict)
     alpha_changes: list[AlphaChange] = field(default_factory=list)
+    # From the last snapshot: seqs below floor are folded into counts; states_only maps a seq
+    # below it to the record that can make it again (a rewind), without it being accounted.
+    floor: int = 0
+    folded: Folded = field(default_factory=Folded)
+    states_only: dict[int, int] = field(default_factory=dict)
+    # Records after the last snapshot (all of them without one): what a compaction would fold.
+    records: int = 0
+    _restoring: int = 0
+    _disk: frozenset[int] = frozenset()
 
     def apply(self, record: Record, offset: int) -> None:
+        if isinstance(record, Snapshot):
+            self._reset(record)
+            return
+        if self._restoring:
+            self._restoring -= 1
+            self._restore(record, offset)
+            return
+        self.records += 1
         if isinstance(record, Produced):
             seq = record.seq
-            if seq in self.produced or seq in self.consumed or seq in self.quarantined:
+            made = seq in self.produced or seq in self.consumed or seq in self.quarantined
+            if made or seq < self.floor:  # below a snapshot's floor: made before it
                 self.reproduced_count += 1
             else:
                 self.produced_count += 1
@@ -213,23 +310,90 @@ class JournalSummary:
         else:
             self.alpha_changes.append(record)
 
+    def _reset(self, snap: Snapshot) -> None:
+        """Start over from a snapshot: the records before it are folded into it."""
+        fresh = JournalSummary()
+        self.__dict__.update(fresh.__dict__)
+        c = snap.counts
+        self.produced_count, self.reproduced_count = c.get("p", 0), c.get("r", 0)
+        self.consumed_count, self.quarantined_count = c.get("c", 0), c.get("q", 0)
+        self.produced_bytes = c.get("b", 0)
+        self.world_size, self.last_consumed = snap.world_size, dict(snap.last_consumed)
+        self.consumed = set(snap.consumed)
+        self.quarantined = {s: "" for s in snap.quarantined}
+        self.alpha_changes = list(snap.alpha_changes)
+        self.floor, self.folded = snap.floor, Folded(**snap.folded.__dict__)
+        self._restoring, self._disk = snap.kept, frozenset(snap.on_disk)
+
+    def _restore(self, record: Record, offset: int) -> None:
+        """A record a snapshot kept: its seq's states (and file, if on disk), not counted."""
+        if isinstance(record, Produced):
+            seq = record.seq
+            if seq < self.floor and seq not in self._disk:
+                self.states_only[seq] = offset
+            else:
+                self.offsets[seq] = offset
+            if seq in self._disk:
+                self.produced[seq] = ProducedEntry(
+                    seq, record.name, record.size_bytes, record.crc32, record.slot, offset
+                )
+            if record.forward:
+                self._forward(record.slot, seq, offset)
+        elif isinstance(record, Advanced):
+            self.advanced[record.seq] = offset
+            self._forward(record.slot, record.seq, offset)
+
     def _forward(self, slot: int, seq: int, offset: int) -> None:
         prev = self.last_forward.get(slot)
         if prev is None or seq > prev[0]:
             self.last_forward[slot] = (seq, offset)
 
 
+class JournalLost(errors.BatchQueueError, OSError):
+    """The journal file is gone, replaced or shorter than what this server wrote to it, or
+    missing at start beside batch files that only it accounts for. Never papered over with a
+    new journal: the message names the file."""
+
+
+class StaleOffset(LookupError):
+    """A journal offset from before a compaction: look the seq's record up again."""
+
+
 class Journal:
+    """One split's journal file. Opened for appending on first use (never created by replay),
+    so a start can tell a missing journal from an empty one."""
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Unbuffered: each record is one write(), so a failed append leaves nothing pending.
-        self._file: IO[bytes] = open(self.path, "ab", buffering=0)
+        self._file: IO[bytes] | None = None
+        self._identity: tuple[int, int] = (0, 0)
+        # The end of what this server wrote: a file found shorter was cut under it.
+        self._end = 0
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def open(self) -> IO[bytes]:
+        """The file, opened for appending (and created) on first use."""
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Unbuffered: each record is one write(), so a failed append leaves nothing pending.
+            f = open(self.path, "ab", buffering=0)
+            st = os.fstat(f.fileno())
+            self._file, self._identity, self._end = f, (st.st_dev, st.st_ino), st.st_size
+        return self._file
+
+    @property
+    def size(self) -> int:
+        """Bytes this server knows are in the journal."""
+        return self._end
 
     def replay(self) -> JournalSummary:
         summary = JournalSummary()
         offset = 0
         where = str(self.path)
+        if not self.path.exists():
+            return summary
         with open(self.path, "rb") as lines:
             for line in lines:
                 start, offset = offset, offset + len(line)
@@ -245,39 +409,118 @@ class Journal:
                 if not isinstance(obj, dict):
                     continue
                 record = decode(obj, where)
-                if record is not None:
-                    summary.apply(record, start)
+                if record is None:
+                    continue
+                seq = getattr(record, "seq", 0)
+                if not 0 <= seq <= MAX_SEQ:
+                    # Written before requests were bounded: no file can have that seq, and
+                    # folding it in would break every count. Skipped, and said once per line.
+                    log.warning(
+                        "%s: skipping the record at byte %d: seq %d is outside 0..%d",
+                        where,
+                        start,
+                        seq,
+                        MAX_SEQ,
+                    )
+                    continue
+                summary.apply(record, start)
+        if self._file is not None:
+            self._end = os.fstat(self._file.fileno()).st_size
         return summary
 
-    def read_states(self, offset: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(state before, state after) of the produced or advanced record at offset."""
+    def read_record(self, offset: int) -> Record | None:
+        """The record whose line starts at offset (None if no whole record starts there)."""
         with open(self.path, "rb") as f:
             f.seek(offset)
-            record = decode(json.loads(f.readline()), str(self.path))
-        if not isinstance(record, (Produced, Advanced)):
+            line = f.readline()
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        return decode(obj, str(self.path)) if isinstance(obj, dict) else None
+
+    def read_states(
+        self, offset: int, seq: int | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(state before, state after) of the produced or advanced record at offset. With
+        `seq`, raises StaleOffset unless that seq's record starts there (a compaction moved it)."""
+        record = self.read_record(offset)
+        if not isinstance(record, (Produced, Advanced)) or (seq is not None and record.seq != seq):
+            if seq is not None:
+                raise StaleOffset(f"{self.path}: seq {seq}'s record is no longer at {offset}")
             raise errors.ConfigError(f"{self.path}: no produced record at offset {offset}")
         return record.before, record.after
 
+    def check(self) -> None:
+        """Raise JournalLost if the file was deleted, replaced or cut under this server."""
+        if self._file is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise JournalLost(
+                f"the journal {self.path} was deleted while the server ran (it held "
+                f"{self._end} bytes); nothing more is written until it is dealt with"
+            ) from None
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise JournalLost(
+                f"the journal {self.path} was replaced by another file while the server ran; "
+                "nothing more is written until it is dealt with"
+            )
+        if st.st_size < self._end:
+            raise JournalLost(
+                f"the journal {self.path} was cut to {st.st_size} bytes while the server ran "
+                f"(it had written {self._end}); nothing more is written until it is dealt with"
+            )
+
     def append(self, record: Record) -> int:
-        """Append one record; returns the offset where it starts. Raises OSError (a full
-        disk, say) with nothing half-written left behind as a valid line."""
-        offset = os.fstat(self._file.fileno()).st_size
+        """Append one record; returns the offset where it starts. Raises JournalLost (the file
+        went away under the server), or OSError (a full disk, say) with nothing half-written
+        left behind as a valid line."""
+        f = self.open()
+        self.check()
+        offset = os.fstat(f.fileno()).st_size
         line = encode(record)
         try:
-            written = self._file.write(line)
-            if written != len(line):
-                raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+            written = 0
+            while written < len(line):  # a short write is continued: the next one says why
+                n = f.write(line[written:])
+                if not n:
+                    raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+                written += n
         except OSError:
             # A torn line would swallow the next record when replayed: cut it off.
             try:
-                self._file.truncate(offset)
+                f.truncate(offset)
             except OSError:
                 pass
             raise
+        self._end = offset + len(line)
         return offset
 
+    def replace_with(self, compacted: Path, copied_up_to: int) -> int:
+        """Make `compacted` (written from this journal's first `copied_up_to` bytes) the
+        journal: the lines appended since are copied after it, then it is renamed over the
+        journal in one step. Returns where those copied lines start in the new file."""
+        f = self.open()
+        self.check()
+        with open(self.path, "rb") as old:
+            old.seek(copied_up_to)
+            tail = old.read()
+        with open(compacted, "ab", buffering=0) as new:
+            base = os.fstat(new.fileno()).st_size
+            if tail:
+                new.write(tail)
+        os.replace(compacted, self.path)
+        f.close()
+        self._file = None
+        self.open()
+        return base
+
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def __enter__(self) -> Journal:
         return self

@@ -5,6 +5,10 @@ copies. A client renews its leases every ttl/3; one that stops (killed, hung) lo
 expiry and its files go back to the same rank's stream. The newest client of a rank owns the
 rank's stream: a restarted trainer takes over the leases of its dead predecessor at once.
 
+Two clients that claim one rank at the same time (a launcher that gave two processes the
+same RANK) would take that rank's leases from each other for ever: RankClaims notices them,
+logs a WARNING once, and the stats show them until one of them stops.
+
 Time is injected (`clock`), so expiry is tested without waiting. A LeaseDirectory finds the
 table that holds a lease id, for the RPCs that name only the lease (renew, release, fetch).
 """
@@ -24,6 +28,8 @@ log = logging.getLogger("queue_server.leases")
 
 # Longest client_id or lease_id accepted: ids are uuids; anything far longer is abuse.
 MAX_ID_LENGTH = 128
+# Clients remembered per rank for duplicate detection: far more than one rank ever has.
+_MAX_CLAIMS_PER_RANK = 16
 
 
 class ReleaseOutcome(enum.IntEnum):
@@ -71,6 +77,75 @@ class LeaseDirectory(Generic[Owner]):
         return owner
 
 
+@dataclass
+class _Claim:
+    first_seen: float
+    last_seen: float
+
+
+class RankClaims:
+    """Which clients act for each rank (acquire or renew) and when: two clients are duplicates
+    while both are live (seen within a lease TTL) and each was seen after the other first
+    appeared. A restarted trainer replacing a dead one is no duplicate: the dead one was last
+    seen before the new one first was."""
+
+    def __init__(self, where: str, ttl_s: float, clock: Callable[[], float]) -> None:
+        self.where = where
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._claims: dict[int, dict[str, _Claim]] = {}
+        self._warned: dict[int, frozenset[str]] = {}
+
+    def seen(self, rank: int, client_id: str) -> None:
+        now = self._clock()
+        clients = self._claims.setdefault(rank, {})
+        claim = clients.get(client_id)
+        if claim is None:
+            if len(clients) >= _MAX_CLAIMS_PER_RANK:  # keep the check cheap under abuse
+                del clients[min(clients, key=lambda c: clients[c].last_seen)]
+            clients[client_id] = _Claim(now, now)
+        else:
+            claim.last_seen = now
+        duplicates = self._live_duplicates(rank, now)
+        if len(duplicates) < 2:
+            self._warned.pop(rank, None)
+            return
+        if not duplicates <= self._warned.get(rank, frozenset()):
+            self._warned[rank] = duplicates
+            log.warning(
+                "%s: rank %d is claimed by %d live clients at once (%s): they take each "
+                "other's leases; give each trainer process its own rank (RANK, WORLD_SIZE)",
+                self.where,
+                rank,
+                len(duplicates),
+                ", ".join(sorted(duplicates)),
+            )
+
+    def _live_duplicates(self, rank: int, now: float) -> frozenset[str]:
+        clients = self._claims.get(rank, {})
+        for client_id in [c for c, claim in clients.items() if claim.last_seen < now - self.ttl_s]:
+            del clients[client_id]  # gone quiet: not live any more
+        if not clients:
+            self._claims.pop(rank, None)
+        found: set[str] = set()
+        items = list(clients.items())
+        for i, (a, ca) in enumerate(items):
+            for b, cb in items[i + 1 :]:
+                if ca.last_seen >= cb.first_seen and cb.last_seen >= ca.first_seen:
+                    found.update((a, b))
+        return frozenset(found)
+
+    def duplicates(self) -> dict[int, list[str]]:
+        """rank -> the live clients that claim it together, for the ranks with more than one."""
+        now = self._clock()
+        out = {}
+        for rank in list(self._claims):
+            found = self._live_duplicates(rank, now)
+            if len(found) > 1:
+                out[rank] = sorted(found)
+        return out
+
+
 class LeaseTable:
     """The leases of one split's files."""
 
@@ -88,6 +163,7 @@ class LeaseTable:
         self._on_add, self._on_remove = on_add, on_remove
         self.by_id: dict[str, Lease] = {}
         self.by_seq: dict[int, Lease] = {}
+        self.claims = RankClaims(where, ttl_s, clock)
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -104,6 +180,7 @@ class LeaseTable:
     def grant(self, seq: int, rank: int, world_size: int, client_id: str) -> Lease:
         """Lease file `seq` to a client. The same client asking again gets the same lease,
         renewed; another client of the rank takes the lease over (the newest owns the rank)."""
+        self.claims.seen(rank, client_id)
         expires = self._clock() + self.ttl_s
         lease = self.by_seq.get(seq)
         if lease is not None:
@@ -129,6 +206,7 @@ class LeaseTable:
         if lease is None or lease.client_id != client_id:
             return False
         lease.expires_at = self._clock() + self.ttl_s
+        self.claims.seen(lease.rank, client_id)
         return True
 
     def check_release(self, lease_id: str, client_id: str, outcome: int) -> Lease:

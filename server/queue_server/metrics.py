@@ -1,8 +1,10 @@
 """Prometheus metrics and a health probe over plain HTTP, on the server's own event loop.
 
 `/metrics` is the Prometheus text format, rendered by prometheus_client from a collector that
-reads the split queues when scraped (no background bookkeeping); `/healthz` is 200 while every
-dataset is SERVING and 503 otherwise. The HTTP side is a minimal asyncio responder: it reads
+reads the split queues when scraped (no background bookkeeping; the workers' resident memory
+is read from /proc in a thread just before); no `_created` series (they only restate the
+server's start time). `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
+with one line per other dataset: its name, state and why. The HTTP side is a minimal asyncio responder: it reads
 one request line, answers and closes, so a scrape never blocks gRPC.
 """
 
@@ -14,18 +16,27 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from queue_server.config import parse_listen
+from queue_server.process_memory import rss_of
+from queue_server.training_units import SplitUnits, split_units
 
 if TYPE_CHECKING:
     from queue_server.dataset import DatasetRuntime
 
 log = logging.getLogger("queue_server.metrics")
 
-# Waits at a file boundary, as clients report them: 0 when the prefetch was in time.
-WAIT_BUCKETS_S = (0.0, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+# Waits at a file boundary, as clients report them: 0 when the prefetch was in time, which
+# falls in the first bucket (a le="0.0" bucket would only split hairs at zero).
+WAIT_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 
 
 class QueueCollector:
@@ -33,9 +44,40 @@ class QueueCollector:
 
     def __init__(self, datasets: Mapping[str, DatasetRuntime]) -> None:
         self._datasets = datasets
+        # pid -> resident bytes, read in a thread before each scrape (MetricsServer).
+        self.rss: dict[int, int] = {}
+        self._units: dict[tuple[str, str], SplitUnits] = {}
+
+    def worker_pids(self) -> list[int]:
+        return [
+            pid
+            for rt in self._datasets.values()
+            for q in rt.splits.values()
+            for pid in q.worker_pids()
+        ]
+
+    def _tokens_per_file(self, runtime: DatasetRuntime, split: str) -> int:
+        key = (runtime.name, split)
+        units = self._units.get(key)
+        if units is None:
+            c = runtime.config
+            units = self._units[key] = split_units(
+                runtime.meta, split, c.batch_size, c.batches_per_file
+            )
+        return units.tokens_per_file
 
     def collect(self) -> Iterator[Metric]:
         labels = ["dataset", "split"]
+        rss = GaugeMetricFamily(
+            "batchqueue_worker_rss_bytes",
+            "Resident memory of each worker process (0 when unreadable)",
+            labels=["dataset", "split", "worker"],
+        )
+        tokens = CounterMetricFamily(
+            "batchqueue_tokens_served",
+            "Tokens in the files consumed (the token field's positions, padding included)",
+            labels=labels,
+        )
         up = GaugeMetricFamily(
             "batchqueue_dataset_up", "1 while the dataset is SERVING", labels=["dataset"]
         )
@@ -114,6 +156,11 @@ class QueueCollector:
                 gauges["world"].add_metric(key, snap.world_size)
                 for attr, family in counters.items():
                     family.add_metric(key, getattr(snap.counters, attr))
+                tokens.add_metric(
+                    key, snap.counters.consumed_files * self._tokens_per_file(runtime, split)
+                )
+                for worker, pid in enumerate(snap.worker_pids):
+                    rss.add_metric([name, split, str(worker)], self.rss.get(pid, 0))
                 for attr, family in curriculum.items():
                     if snap.curriculum is not None and attr in snap.curriculum:
                         family.add_metric(key, float(snap.curriculum[attr]))
@@ -121,12 +168,16 @@ class QueueCollector:
         yield from gauges.values()
         yield from curriculum.values()
         yield from counters.values()
+        yield tokens
+        yield rss
 
 
 class MetricsServer:
     def __init__(self, datasets: Mapping[str, DatasetRuntime], listen: str) -> None:
+        disable_created_metrics()  # process-wide: no `_created` series anywhere
         self.registry = CollectorRegistry()
-        self.registry.register(QueueCollector(datasets))  # type: ignore[arg-type]
+        self.collector = QueueCollector(datasets)
+        self.registry.register(self.collector)  # type: ignore[arg-type]
         self.wait_seconds = Histogram(
             "batchqueue_get_batch_wait_seconds",
             "How long get_batch blocked at a file boundary, as reported by clients",
@@ -161,6 +212,15 @@ class MetricsServer:
     def observe_wait(self, dataset: str, split: str, waited_s: float) -> None:
         self.wait_seconds.labels(dataset, split).observe(max(0.0, waited_s))
 
+    def _not_serving(self) -> str:
+        """`NOT_SERVING name (state): reason` per dataset that is not serving; "" if none."""
+        lines = [
+            f"NOT_SERVING {name} ({rt.state})" + (f": {rt.last_error}" if rt.last_error else "")
+            for name, rt in sorted(self._datasets.items())
+            if rt.state != "serving"
+        ]
+        return "".join(line + "\n" for line in lines)
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), 5.0)
@@ -173,14 +233,12 @@ class MetricsServer:
                     b"GET /metrics or /healthz\n",
                 )
             elif path == "/metrics":
+                self.collector.rss = await asyncio.to_thread(rss_of, self.collector.worker_pids())
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
             elif path == "/healthz":
-                bad = sorted(n for n, rt in self._datasets.items() if rt.state != "serving")
-                status = "200 OK" if not bad else "503 Service Unavailable"
-                ctype, body = (
-                    "text/plain",
-                    (b"SERVING\n" if not bad else f"NOT_SERVING: {', '.join(bad)}\n".encode()),
-                )
+                status, ctype, body = "200 OK", "text/plain", b"SERVING\n"
+                if bad := self._not_serving():
+                    status, body = "503 Service Unavailable", bad.encode()
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"GET /metrics or /healthz\n"
             head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"

@@ -20,16 +20,20 @@ from queue_client.batchfile import check_dataset_name
 from queue_client.codes import status_for
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_server import request_bounds
 from queue_server.dataset import DatasetRuntime
-from queue_server.leases import MAX_ID_LENGTH, LeaseDirectory
+from queue_server.file_stream import chunk_size, stream_file
+from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
+from queue_server.process_memory import rss_of
 from queue_server.split_queue import SplitQueue
+from queue_server.split_stats import training_view
+from queue_server.throughput import Throughput
+from queue_server.training_units import SplitUnits, split_units
 
 log = logging.getLogger("queue_server.servicer")
 
 T = TypeVar("T")
-# FetchFile's chunk: big enough that per-message costs vanish, far below the message limits.
-CHUNK_BYTES = 1 << 20
 
 
 def _translate(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -64,6 +68,9 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         self._data_root = data_root
         self._ttl_ms = int(lease_ttl_s * 1000)
         self._wait_s = acquire_wait_s
+        # (dataset, split) -> its consumption rates and its units, made on first use.
+        self._rates: dict[tuple[str, str], Throughput] = {}
+        self._split_units: dict[tuple[str, str], SplitUnits] = {}
 
     async def _dataset(self, name: str, wait_s: float | None = None) -> DatasetRuntime:
         check_dataset_name(name)
@@ -116,7 +123,14 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             split=request.split,
             batch_size=runtime.config.batch_size,
             fields=[
-                pb.FieldSpec(name=f.name, dtype=f.dtype, shape=list(f.shape), role=f.role)
+                pb.FieldSpec(
+                    name=f.name,
+                    dtype=f.dtype,
+                    shape=list(f.shape),
+                    role=f.role,
+                    stored_dtype=f.stored_as,
+                    storage=f.storage.kind,
+                )
                 for f in schema
             ],
         )
@@ -129,54 +143,94 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             raise errors.UnknownDataset(
                 f"dataset {request.dataset!r} is not served here; served: {sorted(self._datasets)}"
             )
+        names = sorted(runtime.splits)
+        for name in names:
+            await self._throughput(runtime, name).load()
+        # One moment of every split: no await between the snapshots and the rates.
+        snaps = {name: runtime.splits[name].snapshot() for name in names}
+        rates = {name: self._throughput(runtime, name).rate() for name in names}
+        pids = [pid for snap in snaps.values() for pid in snap.worker_pids]
+        rss = await asyncio.to_thread(rss_of, pids)
         splits = []
-        for name in sorted(runtime.splits):
-            snap = runtime.splits[name].snapshot()
+        for name in names:
+            snap, (files_per_s, window_s) = snaps[name], rates[name]
             c = snap.counters
-            splits.append(
-                pb.SplitStats(
-                    split=name,
-                    produced_files=c.produced_files,
-                    reproduced_files=c.reproduced_files,
-                    consumed_files=c.consumed_files,
-                    quarantined_files=c.quarantined_files,
-                    ready_files=snap.ready_files,
-                    leased_files=snap.leased_files,
-                    leases_expired=c.leases_expired,
-                    produced_bytes=c.produced_bytes,
-                    worker_restarts=c.worker_restarts,
-                    max_backlog_files=snap.max_backlog_files,
-                    world_size=snap.world_size,
-                    next_seq=snap.next_seq,
-                    worker_pids=snap.worker_pids,
-                    disk_errors=c.disk_errors,
-                    last_disk_error=snap.last_disk_error,
-                    seqs_produced=snap.seqs_produced,
-                    seqs_consumed=snap.seqs_consumed,
-                    seqs_quarantined=snap.seqs_quarantined,
-                    seqs_missing=snap.seqs_missing,
-                    curriculum=_curriculum_stats(snap.curriculum),
-                    ranks=[
-                        pb.RankStats(
-                            rank=r.rank,
-                            last_consumed_seq=r.last_consumed_seq,
-                            files_leased=r.files_leased,
-                            lag_files=r.lag_files,
-                        )
-                        for r in snap.ranks
-                    ],
-                )
+            view = training_view(
+                c.consumed_files, self._units(runtime, name), files_per_s, window_s
             )
+            stats = pb.SplitStats(
+                split=name,
+                produced_files=c.produced_files,
+                reproduced_files=c.reproduced_files,
+                consumed_files=c.consumed_files,
+                quarantined_files=c.quarantined_files,
+                ready_files=snap.ready_files,
+                leased_files=snap.leased_files,
+                leases_expired=c.leases_expired,
+                produced_bytes=c.produced_bytes,
+                worker_restarts=c.worker_restarts,
+                max_backlog_files=snap.max_backlog_files,
+                world_size=snap.world_size,
+                next_seq=snap.next_seq,
+                worker_pids=snap.worker_pids,
+                worker_rss_bytes=[rss.get(pid, 0) for pid in snap.worker_pids],
+                disk_errors=c.disk_errors,
+                last_disk_error=snap.last_disk_error,
+                journal_error=snap.journal_error,
+                worker_backoff_s=snap.worker_backoff_s,
+                last_worker_error=snap.last_worker_error,
+                seqs_produced=snap.seqs_produced,
+                seqs_consumed=snap.seqs_consumed,
+                seqs_quarantined=snap.seqs_quarantined,
+                seqs_missing=snap.seqs_missing,
+                curriculum=_curriculum_stats(snap.curriculum),
+                tokens_per_s=view.tokens_per_s,
+                batches_per_s=view.batches_per_s,
+                rate_window_s=view.rate_window_s,
+                tokens_served=view.tokens_served,
+                tokens_per_file=view.tokens_per_file,
+                warnings=snap.warnings,
+                ranks=[
+                    pb.RankStats(
+                        rank=r.rank,
+                        last_consumed_seq=r.last_consumed_seq,
+                        files_leased=r.files_leased,
+                        lag_files=r.lag_files,
+                        ready_files=r.ready_files,
+                        duplicate_clients=r.duplicate_clients,
+                    )
+                    for r in snap.ranks
+                ],
+            )
+            if view.epochs is not None:
+                stats.epochs = view.epochs
+            if view.epoch_eta_s is not None:
+                stats.epoch_eta_s = view.epoch_eta_s
+            splits.append(stats)
         return pb.GetStatsResponse(
             dataset=runtime.name, state=runtime.state, last_error=runtime.last_error, splits=splits
         )
 
+    def _throughput(self, runtime: DatasetRuntime, split: str) -> Throughput:
+        key = (runtime.name, split)
+        found = self._rates.get(key)
+        if found is None:
+            found = self._rates[key] = Throughput(runtime.layout.throughput_file(split))
+        return found
+
+    def _units(self, runtime: DatasetRuntime, split: str) -> SplitUnits:
+        """From meta, which a dataset builds once before its splits exist."""
+        key = (runtime.name, split)
+        found = self._split_units.get(key)
+        if found is None:
+            c = runtime.config
+            found = split_units(runtime.meta, split, c.batch_size, c.batches_per_file)
+            self._split_units[key] = found
+        return found
+
     @_translate
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context: Any) -> pb.Lease:
-        if len(request.client_id) > MAX_ID_LENGTH:
-            raise errors.InvalidRequest(f"client_id is longer than {MAX_ID_LENGTH} characters")
-        if request.wait_ms < 0:
-            raise errors.InvalidRequest(f"wait_ms {request.wait_ms} is negative")
+        request_bounds.check_acquire(request)
         wait_s = min(request.wait_ms / 1000, self._wait_s) if request.wait_ms else self._wait_s
         runtime = await self._dataset(request.dataset, wait_s)
         queue = self._queue(runtime, request.split)
@@ -210,10 +264,15 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     async def ReleaseLease(
         self, request: pb.ReleaseLeaseRequest, context: Any
     ) -> pb.ReleaseLeaseResponse:
+        request_bounds.check_release(request)
         queue = self._leases.owner_of(request.lease_id)
         queue.release(
             request.lease_id, request.client_id, int(request.outcome), request.reason[:2000]
         )
+        if request.outcome == pb.CONSUMED:
+            rates = self._throughput(self._datasets[queue.config.name], queue.split)
+            rates.consumed()
+            await rates.load()  # once: the window the last server left, merged in
         if self._metrics is not None and request.outcome == pb.CONSUMED and request.waited_s >= 0:
             self._metrics.observe_wait(queue.config.name, queue.split, request.waited_s)
         return pb.ReleaseLeaseResponse()
@@ -222,6 +281,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     async def SetCurriculum(
         self, request: pb.SetCurriculumRequest, context: Any
     ) -> pb.SetCurriculumResponse:
+        request_bounds.check_set_curriculum(request)
         runtime = await self._dataset(request.dataset, self._wait_s)
         queue = self._queue(runtime, request.split or "train")
         alpha = request.alpha if request.HasField("alpha") else None
@@ -236,10 +296,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     async def RenewLeases(
         self, request: pb.RenewLeasesRequest, context: Any
     ) -> pb.RenewLeasesResponse:
-        if len(request.lease_ids) > 10_000:
-            raise errors.InvalidRequest(
-                f"{len(request.lease_ids)} lease ids in one call; at most 10000"
-            )
+        request_bounds.check_renew(request)
         lost = []
         for lease_id in request.lease_ids:
             try:
@@ -253,33 +310,20 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
 
     @_translate
     async def FetchFile(self, request: pb.FetchFileRequest, context: Any) -> None:
-        """Stream a leased file to its holder. Reads run in a thread, one chunk at a time,
-        and each write waits for the client (flow control), so a slow reader holds one chunk."""
+        """Stream a leased file to its holder (file_stream.py): disk reads in a thread, one
+        chunk ahead, each write waiting for the client, the lease checked before each chunk."""
+        chunk_bytes = chunk_size(request.max_chunk_bytes)
         queue = self._leases.owner_of(request.lease_id)
         path, size, crc = _leased_file(queue, request.lease_id, request.client_id)
-        try:
-            f = await asyncio.to_thread(path.open, "rb")
-        except FileNotFoundError:
-            raise errors.CorruptBatchFile(
-                f"{queue.where}: {path.name} is gone from the server's disk"
-            ) from None
-        try:
-            offset = 0
-            while True:
-                data = await asyncio.to_thread(f.read, min(CHUNK_BYTES, size - offset))
-                if not data and offset < size:
-                    raise errors.CorruptBatchFile(
-                        f"{queue.where}: {path.name} has {offset} bytes, the lease says {size}"
-                    )
-                chunk = pb.FileChunk(offset_bytes=offset, data=data)
-                if offset == 0:
-                    chunk.size_bytes, chunk.crc32 = size, crc
-                await context.write(chunk)
-                offset += len(data)
-                if offset >= size:
-                    return
-        finally:
-            f.close()
+        await stream_file(
+            path,
+            size,
+            crc,
+            queue.where,
+            context.write,
+            lambda: _leased_file(queue, request.lease_id, request.client_id),
+            chunk_bytes,
+        )
 
 
 def _leased_file(queue: SplitQueue, lease_id: str, client_id: str) -> tuple[Path, int, int]:

@@ -21,7 +21,8 @@ from queue_client import errors
 from queue_client.layout import DatasetLayout, reason_file
 from queue_server.background import BackgroundTasks
 from queue_server.config import DatasetConfig
-from queue_server.journal import AlphaChange, Consumed, Journal, Quarantined
+from queue_server.journal import AlphaChange, Consumed, Journal, JournalLost, Quarantined
+from queue_server.journal_keeper import JournalKeeper
 from queue_server.leases import Lease, LeaseDirectory, LeaseTable, ReleaseOutcome
 from queue_server.production.backend import ProductionBackend
 from queue_server.production.producer import Production
@@ -45,7 +46,7 @@ class SplitQueue:
         backend: ProductionBackend,
         on_fatal: Callable[[str], None],
         *,
-        on_unavailable: Callable[[str | None], None] = lambda reason: None,
+        on_unavailable: Callable[[str, str | None], None] = lambda source, reason: None,
         directory: LeaseDirectory[SplitQueue] | None = None,
         verbose: bool = False,
         candidates: bool = False,
@@ -66,6 +67,18 @@ class SplitQueue:
         self.quarantine = layout.quarantine_dir(split, candidates)
         self.journal = Journal(layout.journal_file(split, candidates))
         self.state = SplitState()
+        self._on_unavailable = on_unavailable
+        self.keeper = JournalKeeper(
+            self.journal,
+            self.where,
+            self.state,
+            self._journal_trouble,
+            compact_records=config.journal_compact_records,
+            keep_files=config.journal_keep_files,
+            slots=lambda: self.production.slots,
+            # Only the ranks served here read (and so settle) seqs of this split.
+            ranks=lambda w: range(w) if served.all else sorted(served.ranks or ()),
+        )
         # Node-local (server.ranks): only these ranks' files are made and leased here.
         self.served = served
         self.schedule = Schedule(
@@ -94,13 +107,13 @@ class SplitQueue:
             self.state,
             self.schedule,
             self.leases,
-            self.journal,
+            self.keeper,
             self.dir,
             self.changed,
             max_restarts=config.max_worker_restarts,
             on_fatal=on_fatal,
             job_overrides=lambda: tuple(self.alpha_overrides),
-            on_unavailable=on_unavailable,
+            on_unavailable=lambda reason: on_unavailable("production", reason),
             verbose=verbose,
             # A composer cannot make a served file without serving it.
             can_advance=not self.curriculum,
@@ -128,10 +141,24 @@ class SplitQueue:
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def open(self) -> None:
-        """Reconcile the directory with the journal, then start production."""
-        summary = await asyncio.to_thread(
-            reconcile, self.dir, self.quarantine, self.journal, self.state
-        )
+        """Reconcile the directory with the journal (compacting a long one), then start
+        production."""
+        try:
+            summary = await asyncio.to_thread(
+                reconcile, self.dir, self.quarantine, self.journal, self.state
+            )
+        except JournalLost as exc:
+            self.state.journal_error = str(exc)
+            log.error("%s: %s", self.where, exc)
+            raise
+        facts = self.keeper.facts
+        facts.world_size, facts.last_consumed = summary.world_size, dict(summary.last_consumed)
+        facts.alpha_changes, facts.records = list(summary.alpha_changes), summary.records
+        if self.keeper.compact_records and summary.records >= self.keeper.compact_records:
+            try:
+                await asyncio.to_thread(self.keeper.compact_now)
+            except OSError as exc:  # a long journal still replays: serve, compact later
+                log.warning("%s: journal compaction at start failed: %s", self.where, exc)
         journaled = summary.world_size if summary.consumed_count else None
         if self.served.all:  # the clients' world size, as the journal last saw it
             self.schedule.world_size = journaled or self.served.world_size or 1
@@ -148,6 +175,7 @@ class SplitQueue:
         self.production.stop()
         await self._tasks.close()
         await self.production.close()
+        await self.keeper.close()
         for lease in self.leases.all():
             self.leases.drop(lease)
         self.journal.close()
@@ -166,6 +194,19 @@ class SplitQueue:
             raise errors.ProviderFailed(f"dataset {self.config.name!r} failed: {self._failed}")
         if self._closed:
             raise errors.ServerUnavailable("the server is shutting down")
+        if self.state.journal_error:
+            raise errors.ServerUnavailable(
+                f"{self.where} hands out no file while its journal cannot be written: "
+                f"{self.state.journal_error}"
+                + ("" if self.keeper.lost else " (it serves again by itself once writes succeed)")
+            )
+
+    def _journal_trouble(self, reason: str | None) -> None:
+        """The journal cannot be written (reason) or can again (None)."""
+        self._on_unavailable("journal", reason)
+        self.changed.notify()
+        if reason is None:
+            self.production.kick()
 
     # ---- leases ---------------------------------------------------------------------------
     async def acquire(
@@ -198,7 +239,12 @@ class SplitQueue:
             self._check_serving()
             entry = self.state.files.get(seq)
             if entry is not None:
-                return self.leases.grant(seq, rank, world_size, client_id), entry
+                lease = self.leases.grant(seq, rank, world_size, client_id)
+                # The request may have moved windows (a new world size, a rank further on):
+                # production may run on now, not only at the next release.
+                self.production.kick()
+                return lease, entry
+            self.production.check_can_make(seq)
             self.production.want(seq, explicit=not world.owns(seq))
             if not await self._wait(deadline):
                 raise errors.NoBatchReady(
@@ -237,6 +283,8 @@ class SplitQueue:
         backend = self.production.backend.why_slow()
         if backend:
             return backend  # a curriculum's provider workers are the ones stuck
+        if self.state.journal_error:
+            return f"; {self.state.journal_error}"
         if self.state.last_disk_error:
             return f"; the provider cannot write: {self.state.last_disk_error}"
         if self.state.last_error:
@@ -258,8 +306,9 @@ class SplitQueue:
             self.schedule.note_consumed(lease.rank, lease.seq)
             self._off_disk(entry.seq, lambda: (self.dir / entry.name).unlink(missing_ok=True))
         elif outcome == ReleaseOutcome.CORRUPT:
-            self.leases.drop(lease)
+            # Quarantined first: a record that cannot be journaled leaves the lease as it was.
             self.quarantine_file(entry, reason or "reported corrupt by a client")
+            self.leases.drop(lease)
         else:
             self.leases.drop(lease)
         self.changed.notify()
@@ -268,12 +317,10 @@ class SplitQueue:
     def _journal(self, record: Consumed | Quarantined | AlphaChange) -> None:
         """Journal first, memory after: a record that cannot be written changes nothing."""
         try:
-            self.journal.append(record)
+            self.keeper.append(record)
         except OSError as exc:
-            self.state.counters.disk_errors += 1
-            self.state.last_disk_error = f"cannot append to the journal {self.journal.path}: {exc}"
             raise errors.ServerUnavailable(
-                f"{self.where}: {self.state.last_disk_error}; nothing was changed, retry later"
+                f"{self.where}: {self.state.journal_error or exc}; nothing was changed, retry later"
             ) from None
 
     def quarantine_file(self, entry: FileEntry, reason: str) -> None:

@@ -2,11 +2,15 @@
 
 Plain data, changed only on the event loop: which files are on disk, which seqs were ever
 produced (with where their journal record starts), consumed or quarantined, and the counters.
+Seqs below the compaction floor are counted in `folded` instead of listed, so memory does not
+grow with the files served.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from queue_server.journal import Folded
 
 
 @dataclass
@@ -48,6 +52,18 @@ class SplitState:
     counters: Counters = field(default_factory=Counters)
     last_error: str = ""
     last_disk_error: str = ""
+    # The journal cannot be written (a disk error, path and errno text) or was lost (deleted
+    # or cut under the server): the split hands out nothing until this is "" again.
+    journal_error: str = ""
+    # Seconds the next restart of a failing worker waits (0: none failing).
+    worker_backoff_s: float = 0.0
+    # Compaction: seqs below floor (read by their rank already) are only counted, in folded;
+    # states_only maps such a seq to the journal record it can be made again from (a rewind).
+    floor: int = 0
+    folded: Folded = field(default_factory=Folded)
+    states_only: dict[int, int] = field(default_factory=dict)
+    # slot -> (its last forward seq, offset of that record): its stream resumes from it.
+    last_forward: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def accounting(self) -> dict[str, int]:
         """Every seq ever produced is on disk, consumed, quarantined or missing."""
@@ -56,9 +72,18 @@ class SplitState:
         consumed = (self.consumed & produced) - on_disk
         quarantined = (self.quarantined & produced) - on_disk - consumed
         missing = produced - on_disk - consumed - quarantined
+        f = self.folded
         return {
-            "seqs_produced": len(produced),
-            "seqs_consumed": len(consumed),
-            "seqs_quarantined": len(quarantined),
-            "seqs_missing": len(missing),
+            "seqs_produced": len(produced) + f.produced,
+            "seqs_consumed": len(consumed) + f.consumed,
+            "seqs_quarantined": len(quarantined) + f.quarantined,
+            "seqs_missing": len(missing) + f.missing,
         }
+
+    def state_offset(self, seq: int) -> int | None:
+        """Where the journal record that can make seq again starts, if it is still kept."""
+        for where in (self.offsets, self.advanced, self.states_only):
+            offset = where.get(seq)
+            if offset is not None:
+                return offset
+        return None

@@ -1,12 +1,18 @@
-"""A split's stats as one frozen-in-time record: what GetStats, the CLI and /metrics show."""
+"""A split's stats as one frozen-in-time record: what GetStats, the CLI and /metrics show.
+
+`snapshot` reads the queue (counters, files, leases, ranks); `training_view` turns consumed
+files and a consumption rate into training terms (tokens/s, batches/s, epochs, ETA).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from queue_server.split_state import Counters
+from queue_server.training_units import SplitUnits
 
 if TYPE_CHECKING:
     from queue_server.split_queue import SplitQueue
@@ -18,6 +24,10 @@ class RankView:
     last_consumed_seq: int
     files_leased: int
     lag_files: int
+    # Files of this rank on disk and not leased: its backlog.
+    ready_files: int = 0
+    # Live clients acting for this rank together, when more than one.
+    duplicate_clients: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -32,11 +42,27 @@ class SplitSnapshot:
     ranks: list[RankView] = field(default_factory=list)
     worker_pids: list[int] = field(default_factory=list)
     last_disk_error: str = ""
+    journal_error: str = ""
+    worker_backoff_s: float = 0.0
+    last_worker_error: str = ""
     curriculum: dict[str, Any] | None = None
     seqs_produced: int = 0
     seqs_consumed: int = 0
     seqs_quarantined: int = 0
     seqs_missing: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrainingView:
+    tokens_per_s: float
+    batches_per_s: float
+    rate_window_s: float
+    tokens_served: int
+    tokens_per_file: int
+    # Epochs served and seconds to the end of the current one; None when unknown.
+    epochs: float | None
+    epoch_eta_s: float | None
 
 
 def snapshot(queue: SplitQueue) -> SplitSnapshot:
@@ -44,13 +70,30 @@ def snapshot(queue: SplitQueue) -> SplitSnapshot:
     w = schedule.world_size
     leased = queue.leases.count_by_rank()
     lag: dict[int, int] = {}
-    for seq in state.files:
+    ready: dict[int, int] = {}
+    for seq in state.files:  # the files on disk: a few per rank, bounded by the windows
         lag[seq % w] = lag.get(seq % w, 0) + 1
+        if queue.leases.holder(seq) is None:
+            ready[seq % w] = ready.get(seq % w, 0) + 1
+    ready_files = len(state.files) - len(queue.leases)
+    duplicates = queue.leases.claims.duplicates()
     # A node-local server shows its own ranks only.
     shown = range(w) if queue.served.all else sorted(queue.served.ranks or ())
     ranks = [
-        RankView(r, schedule.last_consumed.get(r, -1), leased.get(r, 0), lag.get(r, 0))
+        RankView(
+            r,
+            schedule.last_consumed.get(r, -1),
+            leased.get(r, 0),
+            lag.get(r, 0),
+            ready.get(r, 0) if schedule.deterministic else ready_files,
+            duplicates.get(r, []),
+        )
         for r in shown
+    ]
+    warnings = [
+        f"rank {r} is claimed by {len(ids)} live clients at once ({', '.join(ids)}): they take "
+        "each other's leases; give each trainer process its own rank (RANK, WORLD_SIZE)"
+        for r, ids in sorted(duplicates.items())
     ]
     backend = queue.production.backend.stats() or {}
     # A curriculum split's candidate providers are its own workers too.
@@ -66,7 +109,7 @@ def snapshot(queue: SplitQueue) -> SplitSnapshot:
     return SplitSnapshot(
         split=queue.split,
         counters=counters,
-        ready_files=len(state.files) - len(queue.leases),
+        ready_files=ready_files,
         leased_files=len(queue.leases),
         max_backlog_files=schedule.max_backlog_files,
         world_size=w,
@@ -74,6 +117,34 @@ def snapshot(queue: SplitQueue) -> SplitSnapshot:
         ranks=ranks,
         worker_pids=queue.worker_pids(),
         last_disk_error=state.last_disk_error or backend.get("last_disk_error", ""),
+        journal_error=state.journal_error,
+        worker_backoff_s=state.worker_backoff_s,
+        last_worker_error=state.last_error,
         curriculum=curriculum,
+        warnings=warnings,
         **state.accounting(),
+    )
+
+
+def training_view(
+    consumed_files: int, units: SplitUnits, files_per_s: float, window_s: float
+) -> TrainingView:
+    """Rates and epoch progress from consumed files and their rate (files per second)."""
+    epochs: float | None = None
+    eta: float | None = None
+    per_file = units.per_file()
+    if units.epoch_size and per_file > 0:
+        epochs = consumed_files * per_file / units.epoch_size
+        units_per_s = files_per_s * per_file
+        if units_per_s > 0:
+            left = (math.floor(epochs) + 1 - epochs) * units.epoch_size
+            eta = left / units_per_s
+    return TrainingView(
+        tokens_per_s=files_per_s * units.tokens_per_file,
+        batches_per_s=files_per_s * units.batches_per_file,
+        rate_window_s=window_s,
+        tokens_served=consumed_files * units.tokens_per_file,
+        tokens_per_file=units.tokens_per_file,
+        epochs=epochs,
+        epoch_eta_s=eta,
     )

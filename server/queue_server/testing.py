@@ -77,6 +77,12 @@ class ServerProcess:
     `command` is the entry point without flags (a benchmark runs the same app under another
     event loop); the flags --listen, --data-root, --ready-file and --config are added here,
     then `args`. `env` is the process's whole environment (default: this one's).
+    `metrics_listen` is where /metrics and /healthz go: by default a port the kernel picks,
+    so that servers started side by side never race for the fixed default port (None leaves
+    it to the config or the server's default).
+    `keep_serving` adds --keep-serving: a failed dataset is reported, not an exit with code 2.
+    `own_process_group` starts it in a process group of its own (with its workers), so that
+    `signal_group` can send a signal to all of them, as a terminal's Ctrl-C does.
     """
 
     def __init__(
@@ -89,6 +95,9 @@ class ServerProcess:
         args: Sequence[str] = (),
         command: Sequence[str] = SERVER_COMMAND,
         env: Mapping[str, str] | None = None,
+        keep_serving: bool = False,
+        own_process_group: bool = False,
+        metrics_listen: str | None = "127.0.0.1:0",
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
@@ -102,12 +111,21 @@ class ServerProcess:
             self.config_path = workdir / CONFIG_FILE
             self.config_path.write_text(config_text, encoding="utf-8")
             cmd += ["--config", str(self.config_path)]
+        if keep_serving:
+            cmd.append("--keep-serving")
+        if metrics_listen is not None and "--metrics-listen" not in args:
+            cmd += ["--metrics-listen", metrics_listen]
         cmd += args
         if env is None:
             env = {**os.environ, "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR")}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=workdir
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=workdir,
+                start_new_session=own_process_group,
             )
         self.pid = self.proc.pid
         self.address = ""  # set by wait_bound
@@ -212,6 +230,22 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         self.proc.wait(timeout=timeout_s)
+
+    def signal_group(self, sig: int) -> None:
+        """Send `sig` to the server's whole process group (started with own_process_group),
+        workers included, as a terminal does on Ctrl-C."""
+        if os.getpgid(self.pid) != self.pid:
+            raise RuntimeError("signal_group needs a server started with own_process_group=True")
+        os.killpg(self.pid, sig)
+
+    def wait_exit(self, timeout_s: float = 60.0) -> int:
+        """Wait for the process to end by itself; its exit code. TimeoutError names the log."""
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(
+                f"queue-server pid {self.pid} still runs after {timeout_s:g}s:\n{self.log_tail()}"
+            ) from None
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Shut down gracefully (SIGTERM). A server still running after timeout_s is killed,

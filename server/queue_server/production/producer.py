@@ -3,7 +3,10 @@
 Which seq each slot makes next (forward, reproduce, windows, node-local advances) is the
 planner's business (planner.py). Here: a release or an acquire calls kick(), which gives every
 idle slot its next job at once (backpressure without polling); what comes back is journaled,
-then published to the split; failures back off (a full disk) or restart the slot.
+then published to the split; failures back off (a full disk) or restart the slot, at once the
+first time and then after a delay doubling from 0.5 s to 30 s while it keeps failing (a worker
+that dies at start or on every file does not spin), reset by the next file made. Nothing is
+made while the split's journal cannot be written (journal_keeper.py).
 
 Which backend makes the file (worker processes here, Ray actors elsewhere, a curriculum
 composer) is the backend's business; nothing here depends on it.
@@ -19,8 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from queue_client import errors
 from queue_server.background import BackgroundTasks
-from queue_server.journal import Advanced, Journal, Produced
+from queue_server.journal import Advanced, Produced, StaleOffset
+from queue_server.journal_keeper import JournalKeeper
 from queue_server.leases import LeaseTable
 from queue_server.production.backend import (
     BackendUnavailable,
@@ -43,6 +48,8 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPER
 _DISK_BACKOFF_S = (0.2, 5.0)
 # Retries of a slot whose engine (a Ray cluster) is gone: soon at first, then every few seconds.
 _UNAVAILABLE_BACKOFF_S = (0.5, 5.0)
+# Restarts of a slot that keeps failing: the first at once, then this, doubling, capped.
+WORKER_BACKOFF_S = (0.5, 30.0)
 
 
 class Production:
@@ -54,7 +61,7 @@ class Production:
         state: SplitState,
         schedule: Schedule,
         leases: LeaseTable,
-        journal: Journal,
+        keeper: JournalKeeper,
         files_dir: Path,
         changed: Signal,
         *,
@@ -71,7 +78,8 @@ class Production:
         self.state = state
         self.schedule = schedule
         self.leases = leases
-        self.journal = journal
+        self.keeper = keeper
+        self.journal = keeper.journal
         self.files_dir = files_dir
         self.changed = changed
         self.max_restarts = max_restarts
@@ -113,20 +121,32 @@ class Production:
     async def _start_slot(self, slot: int) -> None:
         """Start a slot whose stream carries on after its last journaled forward file."""
         nxt = self.plan.next_forward[slot]
+        s = self.state
         last = max(
             (
-                s
-                for s in itertools.chain(self.state.offsets, self.state.advanced)
-                if s % self.slots == slot and s < nxt
+                seq
+                for seq in itertools.chain(s.offsets, s.advanced, s.states_only)
+                if seq % self.slots == slot and seq < nxt
             ),
             default=None,
         )
         state = None
         if last is not None:
-            offsets = self.state.offsets if last in self.state.offsets else self.state.advanced
-            _, state = await asyncio.to_thread(self.journal.read_states, offsets[last])
+            _, state = await self._read_states(last)
         self.plan.stateful = await self.backend.start_slot(slot, state or None)
         self._running.add(slot)
+
+    async def _read_states(self, seq: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The journaled states around seq; a compaction may move its record meanwhile."""
+        for _ in range(5):
+            offset = self.state.state_offset(seq)
+            if offset is None:
+                return {}, {}
+            try:
+                return await asyncio.to_thread(self.journal.read_states, offset, seq)
+            except StaleOffset:
+                continue
+        raise StaleOffset(f"{self.where}: seq {seq}'s journal record kept moving")
 
     def stop(self) -> None:
         """Make nothing more (the split closes or failed)."""
@@ -147,6 +167,25 @@ class Production:
         self.plan.want(seq, explicit)
         self.kick()
 
+    def check_can_make(self, seq: int) -> None:
+        """Refuse a seq a streaming provider can no longer make: read long ago, its state
+        compacted out of the journal (only journal_keep_files files per rank are kept)."""
+        if (
+            not self.stateful
+            or seq >= self.state.floor
+            or seq in self.state.files
+            or seq in self.plan.in_production
+            or self.state.state_offset(seq) is not None
+            or seq >= self.plan.next_forward[seq % self.slots]
+        ):
+            return
+        raise errors.InvalidRequest(
+            f"{self.where} seq {seq} can no longer be made: it was read long ago and its "
+            "stream state was compacted out of the journal (the datasets.NAME."
+            "journal_keep_files setting keeps that many files per rank behind the slowest "
+            "rank); resume from a later checkpoint, or raise journal_keep_files"
+        )
+
     def make_again(self, seq: int) -> None:
         """A quarantined seq: make it again from its journaled state."""
         self.plan.make_again(seq)
@@ -160,7 +199,7 @@ class Production:
 
     def kick(self) -> None:
         """Give every idle slot its next job, if any is due."""
-        if self._stopped or self.state.leaving:
+        if self._stopped or self.state.leaving or not self.keeper.healthy:
             return
         loop = asyncio.get_running_loop()
         if loop.time() < self._disk_backoff_until:
@@ -187,9 +226,8 @@ class Production:
             state = self._unjournaled.get(seq) if not job.again else None
             if job.again:
                 state = {}
-                offset = self.state.offsets.get(seq, self.state.advanced.get(seq))
-                if offset is not None and self.stateful:
-                    state, _ = await asyncio.to_thread(self.journal.read_states, offset)
+                if self.stateful:
+                    state, _ = await self._read_states(seq)
             made = await self.backend.produce(
                 slot,
                 ProduceJob(
@@ -214,22 +252,26 @@ class Production:
             # A backend that ignores publish=False wrote the file: no rank here reads it.
             await asyncio.to_thread((self.files_dir / made.name).unlink, missing_ok=True)
         try:
-            offset = self.journal.append(self._record(slot, job, made))
-        except OSError as exc:
+            offset = self.keeper.append(self._record(slot, job, made))
+        except OSError:
             # Journal first, memory after: an unjournaled file is removed and made again
-            # later, so nothing is served that a restart would not know of.
+            # once the journal can be written (the keeper probes it and kicks production).
             if made.name:
                 await asyncio.to_thread((self.files_dir / made.name).unlink, missing_ok=True)
             if not job.again:
                 self._unjournaled[seq] = made.state_before
             self.plan.finished(job, slot, journaled=False)
-            self._disk_trouble(seq, f"cannot append to the journal {self.journal.path}: {exc}")
             return
         self.plan.finished(job, slot, journaled=True)
         self._unjournaled.pop(seq, None)
         self._failures = 0
+        self.state.worker_backoff_s = 0.0
         self._disk_backoff_s = _DISK_BACKOFF_S[0]
         self.state.last_disk_error = ""
+        if not job.again:
+            prev = self.state.last_forward.get(slot)
+            if prev is None or seq > prev[0]:
+                self.state.last_forward[slot] = (seq, offset)
         if job.publish:
             self._publish(seq, offset, made)
         else:
@@ -253,7 +295,7 @@ class Production:
     def _publish(self, seq: int, offset: int, made: ProducedFile) -> None:
         """A journaled file joins the split."""
         counters = self.state.counters
-        if seq in self.state.offsets:
+        if seq in self.state.offsets or seq < self.state.floor:
             counters.reproduced_files += 1
         else:
             counters.produced_files += 1
@@ -318,6 +360,23 @@ class Production:
         self._busy.add(slot)
         await self.backend.stop_slot(slot)
         self.state.counters.worker_restarts += 1
+        # The first failure in a row restarts at once; one that keeps failing waits longer.
+        delay = 0.0
+        if self._failures > 1:
+            low, high = WORKER_BACKOFF_S
+            delay = min(high, low * 2 ** (self._failures - 2))
+        self.state.worker_backoff_s = delay
+        if delay:
+            log.warning(
+                "%s slot %d: failure %d in a row; restarting it in %.1fs",
+                self.where,
+                slot,
+                self._failures,
+                delay,
+            )
+            await asyncio.sleep(delay)  # the backoff itself: the slot stays down meanwhile
+            if self._stopped:
+                return
         await self._restart(slot)
 
     async def _restart(self, slot: int) -> None:

@@ -36,6 +36,15 @@ def _forkserver() -> ForkServerContext:
     return _context
 
 
+def _run_worker(sock: socket.socket, cwd: str) -> None:
+    """The worker's entry point, named here so that the server never imports worker_main:
+    that imports torch and the providers (seconds of CPU), which only the forkserver and
+    its children need."""
+    from queue_server.production.worker_main import run_over_socket
+
+    run_over_socket(sock, cwd)
+
+
 class WorkerDied(Exception):
     """The worker process exited; its exit code is in the message."""
 
@@ -72,11 +81,9 @@ class WorkerProcess:
         return self._proc.pid if self._proc is not None else None
 
     async def start(self) -> dict[str, Any]:
-        from queue_server.production.worker_main import run_over_socket
-
         parent, child = socket.socketpair()
         proc = _forkserver().Process(
-            target=run_over_socket, args=(child, str(self._cwd)), name=self.label, daemon=True
+            target=_run_worker, args=(child, str(self._cwd)), name=self.label, daemon=True
         )
         try:
             await asyncio.to_thread(proc.start)

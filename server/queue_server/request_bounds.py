@@ -1,0 +1,106 @@
+"""Bounds on every number of every request, checked at the servicer's edge.
+
+Why here: a request is checked before anything is journaled or changes state. A seq near
+2**63 once made every later reply overflow int64 (the rank's next seq is seq + world_size),
+also after a restart, because the journal kept it. The bounds are what the rest of the
+system can hold:
+
+- seq and position_seq: below 10**9 (queue_client.batchfile.MAX_SEQ), so the files made in
+  the windows past any of them still have names (a name holds 10 digits of seq), and seq
+  arithmetic stays far inside int64 and exact in a float64 (JSON readers, numpy);
+- world_size: at most queue_client.world.MAX_WORLD_SIZE (0 means 1), rank in [0, world_size);
+  SetCurriculum's rank, which has no world size beside it, below MAX_WORLD_SIZE;
+- wait_ms: ten minutes at most (the server caps its own wait at acquire_wait_s anyway);
+- waited_s: a finite duration in [0, one day] (it feeds the wait histogram);
+- alpha: a finite number in [0, 1];
+- lease_ids: at most MAX_LEASE_IDS in one RenewLeases call.
+
+Ids are checked where they are looked up (an id nobody holds is NOT_FOUND, or lost in a
+renewal), and ReleaseLease's outcome where the lease is (leases.py), before anything changes.
+Each refusal here is InvalidRequest (INVALID_ARGUMENT) naming the field, its value and the
+allowed range.
+"""
+
+from __future__ import annotations
+
+import math
+
+from queue_client.batchfile import MAX_SEQ
+from queue_client.errors import InvalidRequest
+from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.world import MAX_WORLD_SIZE
+from queue_server.leases import MAX_ID_LENGTH
+
+MAX_WAIT_MS = 10 * 60 * 1000
+MAX_LEASE_IDS = 10_000
+MAX_WAITED_S = 24 * 3600.0
+
+__all__ = [
+    "MAX_LEASE_IDS",
+    "MAX_SEQ",
+    "MAX_WAITED_S",
+    "MAX_WAIT_MS",
+    "MAX_WORLD_SIZE",
+    "check_acquire",
+    "check_int",
+    "check_release",
+    "check_renew",
+    "check_set_curriculum",
+]
+
+
+def check_int(field: str, value: int, low: int, high: int, note: str = "") -> int:
+    """`value`, or InvalidRequest naming the field, the value and [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidRequest(
+            f"{field} {value!r} is outside the allowed range [{low}, {high}]{note}"
+        )
+    return value
+
+
+def check_unit_interval(field: str, value: float) -> float:
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise InvalidRequest(f"{field} {value!r} is outside the allowed range [0, 1]")
+    return value
+
+
+def check_acquire(request: pb.AcquireLeaseRequest) -> None:
+    """AcquireLease: client_id's length, wait_ms, world_size (0 means 1), rank, seq."""
+    if len(request.client_id) > MAX_ID_LENGTH:
+        raise InvalidRequest(
+            f"client_id is {len(request.client_id)} characters long; the allowed length is "
+            f"[1, {MAX_ID_LENGTH}]"
+        )
+    check_int("wait_ms", request.wait_ms, 0, MAX_WAIT_MS, " (0 means the server's default)")
+    check_int("world_size", request.world_size, 0, MAX_WORLD_SIZE, " (0 means 1)")
+    world_size = request.world_size or 1
+    check_int("rank", request.rank, 0, world_size - 1, f" of world_size {world_size}")
+    if request.HasField("seq"):
+        check_int("seq", request.seq, 0, MAX_SEQ)
+
+
+def check_release(request: pb.ReleaseLeaseRequest) -> None:
+    """ReleaseLease: waited_s (the outcome is checked with the lease, in leases.py)."""
+    waited = request.waited_s
+    if not (math.isfinite(waited) and 0.0 <= waited <= MAX_WAITED_S):
+        raise InvalidRequest(
+            f"waited_s {waited!r} is outside the allowed range [0, {MAX_WAITED_S:g}] seconds"
+        )
+
+
+def check_renew(request: pb.RenewLeasesRequest) -> None:
+    """RenewLeases: at most MAX_LEASE_IDS ids (each unknown or malformed one comes back lost)."""
+    count = len(request.lease_ids)
+    if count > MAX_LEASE_IDS:
+        raise InvalidRequest(
+            f"{count} lease_ids in one call; the allowed number is [0, {MAX_LEASE_IDS}]"
+        )
+
+
+def check_set_curriculum(request: pb.SetCurriculumRequest) -> None:
+    """SetCurriculum: rank, position_seq, alpha."""
+    check_int("rank", request.rank, 0, MAX_WORLD_SIZE - 1)
+    if request.HasField("position_seq"):
+        check_int("position_seq", request.position_seq, 0, MAX_SEQ)
+    if request.HasField("alpha"):
+        check_unit_interval("alpha", request.alpha)

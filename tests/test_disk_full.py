@@ -1,0 +1,208 @@
+"""A journal that cannot be written puts its split in the disk-error state: it hands out
+nothing, GetStats and health say why (the path and the errno text), nothing consumed is lost,
+and it serves again by itself once writes succeed; a restart then replays every file once.
+
+The first test fills a real filesystem: a small tmpfs mounted under tmp_path (root only; it
+is skipped with the reason where mounting is not permitted). The second injects errors into a
+journal through its seam, JournalKeeper's journal."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from auditor import audit
+from grpc_health.v1 import health_pb2
+
+from conftest import wait_until
+from queue_client.wire import batchqueue_pb2 as pb
+from queue_server.journal import Consumed, Journal, Record
+from queue_server.journal_keeper import JournalKeeper, JournalUnwritable
+from queue_server.split_state import SplitState
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH_NAME = "batchqueue.v1.BatchQueue/d"
+CLIENT = "disk-full-test"
+PAGE = 4096
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs under tmp_path, unmounted after the test's servers are gone."""
+    if os.geteuid() != 0:
+        pytest.skip("filling a real filesystem needs a small tmpfs, and mounting one needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.skip(
+            f"mount -t tmpfs is not permitted here: {proc.stderr.strip() or proc.returncode}"
+        )
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def _config() -> str:
+    return textwrap.dedent(
+        """
+        [server]
+        lease_ttl_s = 120
+        [datasets.d]
+        provider = "bq_test_providers:TinyProvider"
+        batch_size = 2
+        batches_per_file = 2
+        max_backlog_files = 150
+        """
+    )
+
+
+def _fill(ballast: int) -> None:
+    """Write pages to the ballast file until the filesystem has none left."""
+    while True:
+        try:
+            os.write(ballast, b"\xff" * PAGE)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            return
+
+
+def _acquire(server, wait_ms: int = 5_000) -> pb.Lease:
+    return server.stub.AcquireLease(
+        pb.AcquireLeaseRequest(dataset="d", split="train", client_id=CLIENT, wait_ms=wait_ms),
+        timeout=30,
+    )
+
+
+def _release(server, lease: pb.Lease) -> None:
+    server.stub.ReleaseLease(
+        pb.ReleaseLeaseRequest(lease_id=lease.lease_id, client_id=CLIENT, outcome=pb.CONSUMED),
+        timeout=30,
+    )
+
+
+def test_a_full_disk_stops_the_split_reports_it_and_it_recovers(small_disk, start_server) -> None:
+    root = small_disk / "data"
+    server = start_server(_config(), data_root=root)
+    server.wait_ready_files("d", 100)
+    journal = root / "d" / "journal" / "train.jsonl"
+    ballast = os.open(small_disk / "ballast", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    consumed: list[int] = []
+    held = None  # the lease whose release could not be journaled
+    try:
+        # Read on, keeping the disk full: each consumed record fills the journal's last page
+        # until one needs a page the disk no longer has.
+        for _ in range(400):
+            _fill(ballast)
+            try:
+                lease = _acquire(server)
+            except grpc.RpcError as err:  # production's own record failed first
+                assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
+                break
+            try:
+                _release(server, lease)
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
+                assert "nothing was changed" in err.details()
+                held = lease
+                break
+            consumed.append(lease.seq)
+            path = root / lease.path
+            wait_until(lambda path=path: not path.exists(), 10, f"{path} deleted")
+        else:
+            pytest.fail(f"the journal never failed to grow; it has {journal.stat().st_size} bytes")
+        stats = server.split_stats("d")
+        assert "No space left on device" in stats["journal_error"]
+        assert str(journal) in stats["journal_error"] and stats["disk_errors"] >= 1
+        whole = server.stats("d")
+        assert whole["state"] == "unavailable" and str(journal) in whole["last_error"]
+        assert server.health(HEALTH_NAME) == NOT_SERVING and server.health() == NOT_SERVING
+        with pytest.raises(grpc.RpcError) as err:
+            _acquire(server, wait_ms=500)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "journal" in err.value.details() and "No space left" in err.value.details()
+        assert "cannot append to the journal" in server.log()
+        # Nothing consumed is lost, nothing more is made: the books balance on the full disk.
+        audit(server, "d", consumed_seqs={"train": consumed})
+    finally:
+        os.close(ballast)
+    (small_disk / "ballast").unlink()
+    # The split probes with backoff and serves again by itself.
+    wait_until(lambda: server.split_stats("d")["journal_error"] == "", 60, "the journal to recover")
+    wait_until(lambda: server.health(HEALTH_NAME) == SERVING, 10, "SERVING again")
+    assert server.stats("d")["last_error"] == ""
+    if held is not None:  # the release that failed changed nothing: it is done again
+        _release(server, held)
+        consumed.append(held.seq)
+    for _ in range(3):
+        lease = _acquire(server)
+        _release(server, lease)
+        consumed.append(lease.seq)
+    assert consumed == list(range(len(consumed)))
+    audit(server, "d", consumed_seqs={"train": consumed})
+    # A restart replays the journal: every consumed file counted once, the next one is next.
+    server.kill()
+    again = start_server(_config(), data_root=root)
+    stats = audit(again, "d", consumed_seqs={"train": consumed})["train"]
+    assert stats["seqs_consumed"] == len(consumed) and stats["seqs_missing"] == 0
+    assert _acquire(again).seq == len(consumed)
+
+
+class FaultyJournal(Journal):
+    """A journal whose appends fail with `fault` (an errno) while it is set: the seam."""
+
+    fault = 0
+
+    def append(self, record: Record) -> int:
+        if self.fault:
+            raise OSError(self.fault, os.strerror(self.fault))
+        return super().append(record)
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EPERM, errno.ENOSPC])
+def test_injected_journal_errors_stop_report_and_recover(tmp_path: Path, code: int) -> None:
+    """EIO, EPERM or ENOSPC on an append: the record is refused and changes nothing, the split
+    reports the error with the path and errno text, and it recovers once appends succeed."""
+
+    async def run() -> None:
+        journal = FaultyJournal(tmp_path / f"{code}.jsonl")
+        state = SplitState()
+        reports: list[str | None] = []
+        keeper = JournalKeeper(journal, "d/train", state, reports.append)
+        keeper.append(Consumed(0, 1))
+        journal.fault = code
+        with pytest.raises(JournalUnwritable):
+            keeper.append(Consumed(1, 1))
+        text = f"[Errno {code}] {os.strerror(code)}"
+        assert not keeper.healthy and text in state.journal_error
+        assert str(journal.path) in state.journal_error and reports == [state.journal_error]
+        assert state.counters.disk_errors == 1
+        with pytest.raises(JournalUnwritable):  # still failing: reported once, counted again
+            keeper.append(Consumed(1, 1))
+        assert len(reports) == 1 and state.counters.disk_errors == 2
+        journal.fault = 0
+        # The probe writes beside the journal (which works here) and clears the state.
+        for _ in range(200):
+            if keeper.healthy:
+                break
+            await asyncio.sleep(0.02)  # the probe runs on this loop: let it
+        assert keeper.healthy and reports[-1] is None
+        keeper.append(Consumed(1, 1))
+        await keeper.close()
+        journal.close()
+        assert Journal(journal.path).replay().consumed == {0, 1}
+
+    asyncio.run(run())
