@@ -19,11 +19,16 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/queue-server $(ARGS)
 
+# Tests run in parallel processes (pytest-xdist, one per core; TEST_WORKERS=0 for one
+# process); the Ray tests share one worker and one cluster.
+TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup
-	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not gpu" $(XDIST) $(PYTEST_ARGS)
 
 test-all: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -11,21 +11,30 @@ counts while the background thread crc-checks it through its own map.
 The server keeps ready files on disk, not in memory: its RSS is printed beside the bytes its
 backlogs hold on disk, before and after the clients read their files. Provider workers hold one
 file's tensors while they write it, so their RSS follows the file size, not the backlog.
+
+Last, a text_lm worker with a byte-level BPE of 8,192 ids trained on the same text, 2 workers
+per split, read from the server's own stats (worker_rss_bytes) once both have filled their
+windows. Goal: at most 350 MiB each. RSS counts the pages a worker shares with the forkserver
+(torch, the providers), so its PSS is in the note too.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from bench import procs
 from bench.data import Tokens
 from bench.harness import Result, Settings, fmt, memory_mb
-from bench.servers import Server, ServerSpec, dataset_toml
+from bench.servers import Server, ServerSpec, child_env, dataset_toml, server_toml
+from queue_server.testing import ServerProcess, wait_until
 
 B, T = 12, 1024
 BACKLOG, DEEP_BACKLOG = 2, 8
 _SLACK_MB = 16.0  # allocator and Python noise allowed above the window
+TEXT_WORKER_GOAL_MB = 350.0
+BPE_VOCAB = 8192
 
 
 def _file_counts(settings: Settings) -> list[int]:
@@ -189,4 +198,72 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
             f"grew {fmt(grew)} MiB; workers {after['workers_sum']:.0f} MiB (largest {after['workers_max']:.0f}); on disk {after['disk']:.0f} MiB",
         )
     )
+    results.append(text_lm_worker_rss(settings, tokens))
     return results
+
+
+def text_lm_worker_rss(settings: Settings, tokens: Tokens) -> Result:
+    """The largest text_lm train worker's RSS with an 8k BPE, from GetStats."""
+    from queue_providers.train_bpe import train_bpe
+
+    home = settings.workdir / "text_lm_rss"
+    tokenizer = train_bpe([str(tokens.text_path)], home / "bpe.json", vocab_size=BPE_VOCAB)
+    table = (
+        "[datasets.text_rss]\n"
+        'provider = "text_lm"\n'
+        "batch_size = 8\n"
+        "batches_per_file = 8\n"
+        "max_backlog_files = 4\n"
+        "workers = 2\n"
+        "[datasets.text_rss.args]\n"
+        f"source = {json.dumps(str(tokens.text_path))}\n"
+        'separator = ""\n'
+        "eval_take = 20\n"
+        f"tokenizer = {json.dumps(str(tokenizer))}\n"
+        "seq_len = 1024\n"
+        "micro_batch_size = 8\n"
+    )
+    server = ServerProcess(
+        home, data_root=home / "data", config_text=server_toml([table]), env=child_env()
+    )
+    try:
+        server.wait_serving(300)
+        wait_until(
+            lambda: server.split_stats("text_rss")["ready_files"] >= 4,
+            300,
+            "text_rss's train window to fill",
+        )
+        stats = server.split_stats("text_rss")
+        pids = [int(p) for p in stats["worker_pids"]]
+        rss = [int(b) / 2**20 for b in stats["worker_rss_bytes"]]
+        pss = [_pss_mb(pid) for pid in pids]
+    finally:
+        server.stop()
+    largest = max(rss)
+    return Result(
+        "6",
+        f"text_lm worker RSS, BPE of {BPE_VOCAB:,} ids, 2 workers (the largest)",
+        largest,
+        "MiB",
+        "goal",
+        TEXT_WORKER_GOAL_MB,
+        "MiB",
+        largest / TEXT_WORKER_GOAL_MB,
+        "x goal",
+        f"<= {TEXT_WORKER_GOAL_MB:.0f} MiB",
+        largest <= TEXT_WORKER_GOAL_MB,
+        "each worker: "
+        + ", ".join(f"RSS {r:.0f} MiB, PSS {p:.0f} MiB" for r, p in zip(rss, pss, strict=True)),
+    )
+
+
+def _pss_mb(pid: int) -> float:
+    """Proportional set size (shared pages split among their sharers); nan where unreadable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return float("nan")

@@ -104,6 +104,7 @@ class Server(ServerProcess):
             listen=listen,
             command=command,
             env=child_env(),
+            metrics_listen=None,  # server_toml's [server] table picks a free port
         )
 
     def worker_pids(self, dataset: str) -> list[int]:

@@ -48,6 +48,11 @@ def train_losses(
     return losses
 
 
+# For a queue-server started by hand: a free port, and no metrics listener on the fixed default
+# port (tests run side by side).
+NO_METRICS_LISTEN = ("--listen", "127.0.0.1:0", "--metrics-listen", "")
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(ROOT / "client"), str(ROOT / "server"), str(ROOT / "providers"), str(SUPPORT)]

@@ -83,6 +83,18 @@ class RayCluster:
         self.cluster.remove_node(node, allow_graceful=True)
 
 
+RAY_FIXTURES = ("ray_cluster", "ray_head")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs -n auto --dist loadgroup) every test that uses a
+    Ray cluster runs in one worker process, so the run starts one session cluster, not one per
+    worker, and two clusters never compete for the same cores."""
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     """Start the cluster once, connect this process to it, shut both down at the end."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import ServerFactory, char_config, subprocess_env, tiny_corpus
+from conftest import NO_METRICS_LISTEN, ServerFactory, char_config, subprocess_env, tiny_corpus
 from queue_client import QueueClient, errors
 from queue_client.wire import batchqueue_pb2 as pb
 
@@ -156,8 +156,7 @@ def test_malformed_config_names_the_key(tmp_path: Path, toml: str, named: str) -
     config = tmp_path / "bad.toml"
     config.write_text(toml)
     proc = subprocess.run(
-        [sys.executable, "-m", "queue_server", "--config", str(config), "--listen", "127.0.0.1:0"]
-        + ["--metrics-listen", ""],
+        [sys.executable, "-m", "queue_server", "--config", str(config), *NO_METRICS_LISTEN],
         capture_output=True,
         text=True,
         env=subprocess_env(),

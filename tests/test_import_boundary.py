@@ -54,6 +54,8 @@ def _modules_after(statement: str) -> set[str]:
         ("from queue_client import QueueClient", {"queue_server", "uvloop"}),
         ("import queue_server.app", {"torch"}),
         ("import queue_server.config", {"torch", "uvloop"}),
+        # Every server start preloads this in its forkserver: no gRPC, no event loop.
+        ("import queue_server.production.worker_main", {"grpc", "uvloop"}),
     ],
 )
 def test_import_does_not_pull_in(statement: str, forbidden: set[str]) -> None:

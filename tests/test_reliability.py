@@ -141,9 +141,10 @@ class QueueWatcher(threading.Thread):
                     if BatchFileName.parse(entry.name) is None:
                         continue
                     try:
-                        self.seen.setdefault(entry.name, set()).add(entry.stat().st_size)
+                        size = entry.stat().st_size
                     except FileNotFoundError:
-                        pass  # consumed between listing and stat
+                        continue  # consumed between listing and stat: nothing was seen
+                    self.seen.setdefault(entry.name, set()).add(size)
 
     def stop(self) -> dict[str, set[int]]:
         self._stop_event.set()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from conftest import char_config, subprocess_env, wait_until
+from conftest import NO_METRICS_LISTEN, char_config, subprocess_env, wait_until
 from queue_client import QueueClient, errors
 from queue_client.batchfile import load_batch_file, scan_queue
 
@@ -196,8 +196,7 @@ def test_a_second_server_on_the_same_data_root_is_refused(start_server, corpus: 
     root = start_server(char_config(corpus)).data_root
     first = start_server.servers[-1]
     second = subprocess.run(
-        [sys.executable, "-m", "queue_server", "--listen", "127.0.0.1:0", "--data-root", str(root)]
-        + ["--metrics-listen", ""],
+        [sys.executable, "-m", "queue_server", "--data-root", str(root), *NO_METRICS_LISTEN],
         capture_output=True,
         text=True,
         timeout=60,

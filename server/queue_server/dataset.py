@@ -22,7 +22,7 @@ from queue_client.meta import (
 )
 from queue_client.schema import FieldSpec
 from queue_server.config import DatasetConfig, ServerConfig
-from queue_server.curriculum.lane import CurriculumBackend
+from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
 from queue_server.leases import LeaseDirectory
 from queue_server.production.backend import ProduceFailed, ProductionBackend, SlotDied
@@ -53,7 +53,8 @@ class DatasetRuntime:
         self.layout = DatasetLayout(server.data_root, config.name)
         self.dir = self.layout.dir
         self._leases = leases
-        self._unavailable: dict[str, str] = {}
+        # (split, what: "production" or "journal") -> why the split cannot serve now.
+        self._unavailable: dict[tuple[str, str], str] = {}
         self.state = STARTING
         self.last_error = ""
         # True when the dataset failed because its config is wrong (bad provider args):
@@ -79,7 +80,7 @@ class DatasetRuntime:
             "batches_per_file": self.config.batches_per_file,
             "seed": self.config.seed,
             "worker_index": index,
-            "num_workers": self.config.workers,
+            "num_workers": self._workers(split),
             "verbose": self.server.verbose,
             "extra_meta": {
                 "provider": self.config.provider,
@@ -90,6 +91,11 @@ class DatasetRuntime:
         return WorkerProcess(
             f"{self.config.name}/{split} worker {index}", init, self.server.config_dir
         )
+
+    def _workers(self, split: str) -> int:
+        """The split's worker processes: the training split's `workers`, others' 1 unless
+        split_workers names them (DatasetConfig.workers_for)."""
+        return self.config.workers_for(split, list(self.meta.get("split_info", ())))
 
     def _split_queue(
         self, split: str, backend: ProductionBackend, candidates: bool = False
@@ -107,7 +113,9 @@ class DatasetRuntime:
             _PINNED_TTL_S if candidates else self.server.lease_ttl_s,
             backend,
             self.fail,
-            on_unavailable=lambda reason: self._unavailable_changed(split, reason),
+            on_unavailable=lambda source, reason: self._unavailable_changed(
+                f"{split} candidates" if candidates else split, reason, source
+            ),
             directory=None if candidates else self._leases,
             verbose=self.server.verbose,
             candidates=candidates,
@@ -120,40 +128,69 @@ class DatasetRuntime:
         if self.config.selection == "curriculum" and split in self.config.curriculum.splits:
             return self._curriculum(split)
         if self.config.backend == "ray":
-            from queue_server.production.ray_backend import RayBackend
-
-            return RayBackend(
-                split=split,
-                directory=self.layout.queue_dir(split),
-                init=self._worker(split, 0).init_request,
-                meta_json=self.meta_json,
-                cwd=self.server.config_dir,
-                slots=self.config.workers,
-                ray_address=self.config.ray_address,
-                placement=self.config.ray_placement,
-            )
+            return self._ray_backend(split, self.layout.queue_dir(split))
         return ProcessPoolBackend(
             split,
-            self.config.workers,
+            self._workers(split),
             lambda index: self._worker(split, index),
             self.meta_json,
             self.layout.queue_dir(split),
         )
 
+    def _ray_backend(
+        self, split: str, directory: Path, histogram_field: str = ""
+    ) -> ProductionBackend:
+        """The split's providers as Ray actors, publishing into `directory`."""
+        from queue_server.production.ray_backend import RayBackend
+
+        return RayBackend(
+            split=split,
+            directory=directory,
+            init=self._worker(split, 0, histogram_field).init_request,
+            meta_json=self.meta_json,
+            cwd=self.server.config_dir,
+            slots=self._workers(split),
+            ray_address=self.config.ray_address,
+            placement=self.config.ray_placement,
+        )
+
     def _curriculum(self, split: str) -> CurriculumBackend:
-        """The producer of a curriculum split: its candidate queue and its composer."""
+        """The producer of a curriculum split: its candidate queue and its composers (worker
+        processes, or Ray actors with backend = "ray", as its candidate providers)."""
         settings, field_name = curriculum_settings(self.config, self.meta, split)
+        on_ray = self.config.backend == "ray"
 
         def candidates() -> SplitQueue:
-            workers = ProcessPoolBackend(
-                split,
-                self.config.workers,
-                lambda index: self._worker(split, index, histogram_field=field_name),
-                self.meta_json,
-                self.layout.candidates_dir(split),
-                into_candidates=True,
-            )
+            # A fresh candidate queue: what the last one said of its engine is moot now.
+            self._unavailable_changed(f"{split} candidates", None)
+            workers: ProductionBackend
+            if on_ray:
+                workers = self._ray_backend(split, self.layout.candidates_dir(split), field_name)
+            else:
+                workers = ProcessPoolBackend(
+                    split,
+                    self._workers(split),
+                    lambda index: self._worker(split, index, histogram_field=field_name),
+                    self.meta_json,
+                    self.layout.candidates_dir(split),
+                    into_candidates=True,
+                )
             return self._split_queue(split, workers, candidates=True)
+
+        def composer() -> ComposerWorker:
+            label = f"{self.config.name}/{split} composer"
+            init = self._worker(split, 0).init_request
+            if on_ray:
+                from queue_server.curriculum.ray_composer import RayComposer
+
+                return RayComposer(
+                    label,
+                    init,
+                    self.server.config_dir,
+                    ray_address=self.config.ray_address,
+                    placement=self.config.ray_placement,
+                )
+            return WorkerProcess(label, init, self.server.config_dir)
 
         init = {
             "split": split,
@@ -165,11 +202,7 @@ class DatasetRuntime:
         return CurriculumBackend(
             f"{self.config.name}/{split} curriculum",
             split,
-            lambda: WorkerProcess(
-                f"{self.config.name}/{split} composer",
-                self._worker(split, 0).init_request,
-                self.server.config_dir,
-            ),
+            composer,
             candidates,
             init,
             self.meta_json,
@@ -189,6 +222,8 @@ class DatasetRuntime:
             return
         if self.state == STARTING:  # a worker may have failed the dataset while others started
             self.state = SERVING
+            if self._unavailable:  # a split lost its engine or its journal while starting
+                self._settle()
         self.ready.set()
         self._on_state(self)
 
@@ -275,17 +310,23 @@ class DatasetRuntime:
         if self.state == FAILED:
             raise errors.ProviderFailed(f"dataset {self.config.name!r} failed: {self.last_error}")
 
-    def _unavailable_changed(self, split: str, reason: str | None) -> None:
-        """A split's production engine went away (reason) or came back (None)."""
+    def _unavailable_changed(
+        self, split: str, reason: str | None, source: str = "production"
+    ) -> None:
+        """A split's production engine (a Ray cluster) or its journal (a disk error, a lost
+        journal) went away (reason) or came back (None): health is NOT_SERVING meanwhile, and
+        GetStats' last_error names every reason."""
         if reason is None:
-            self._unavailable.pop(split, None)
+            self._unavailable.pop((split, source), None)
         else:
-            self._unavailable[split] = reason
-        if self.state not in (SERVING, UNAVAILABLE):
-            return
+            self._unavailable[(split, source)] = reason
+        if self.state in (SERVING, UNAVAILABLE):
+            self._settle()
+
+    def _settle(self) -> None:
         before = self.state
         self.state = UNAVAILABLE if self._unavailable else SERVING
-        self.last_error = "; ".join(f"{s}: {r}" for s, r in sorted(self._unavailable.items()))
+        self.last_error = "; ".join(f"{s}: {r}" for (s, _), r in sorted(self._unavailable.items()))
         if self.state != before:
             log.warning(
                 "dataset %s is %s%s",

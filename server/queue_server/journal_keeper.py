@@ -16,6 +16,7 @@ written, when it went away, and when it grew long enough to compact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -217,8 +218,15 @@ class JournalKeeper:
                 slots=self._slots(),
             )
             records_at_plan = self.facts.records
+            writing = asyncio.ensure_future(asyncio.to_thread(compaction.write, self.journal, plan))
             try:
-                written = await asyncio.to_thread(compaction.write, self.journal, plan)
+                written = await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                # The server stops: the thread still finishes its temp file; remove it then
+                # (the journal itself is untouched until the swap).
+                with contextlib.suppress(Exception):
+                    (await writing).path.unlink(missing_ok=True)
+                raise
             except OSError as exc:
                 log.warning("%s: journal compaction failed (%s); retried later", self.where, exc)
                 self._next_compaction = self.facts.records + self.compact_records

@@ -103,6 +103,7 @@ class ServerProcess:
         self.workdir = workdir
         self.data_root = data_root
         self.ready_file = workdir / READY_FILE
+        self.ready_file.unlink(missing_ok=True)  # one left by an earlier server names its address
         self.log_path = workdir / LOG_FILE
         self.config_path: Path | None = None
         cmd = [*command, "--listen", listen, "--data-root", str(data_root)]

@@ -8,20 +8,23 @@ Each served file (seq s, K batches) is composed in seq order:
    sum over its tokens t of count(t) * target(t) / (served(t) + 1e-9), where
    target = (1 - alpha) * corpus + alpha * uniform and served is the distribution of the
    tokens served so far; serve the best (the oldest on a tie) and add its tokens to served.
-   Scores only fall as tokens are served, so a pick rescores lazily (see _Parts);
+   Scores only fall as tokens are served, so a pick scores exactly only the batches whose
+   bound reaches the top (scoring.py);
 3. cull: a batch that waited `max_age` files is dropped, and so are the lowest scorers beyond
    `capacity`; a candidate file none of whose batches is left is retired (deleted).
 
 Everything is a pure function of the candidates (deterministic per candidate seq), the alpha
-overrides and the world size, so the same calls give the same batches. Scoring is numpy over
-the buffer's histograms (a full pass per served file, a few batches per pick) and runs in a
-worker process, never on the server's event loop; a change of alpha is used by the next pick.
+overrides and the world size, so the same calls give the same batches; and a batch's exact
+score is a function of its own histogram and the served counts, so composers that split the
+buffer between them (`composer_workers`) pick exactly what one composer picks. Scoring is
+numpy and runs in composer processes, never on the server's event loop; a change of alpha is
+used by the next pick.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +33,11 @@ from queue_client.batchfile import BatchFile, PublishedFile, load_batch_file, wr
 from queue_client.layout import atomic_write
 from queue_server.curriculum.corpus import kl_divergence
 from queue_server.curriculum.schedule import alpha_for
+from queue_server.curriculum.scoring import FileRows, Pool, TokenClasses, Weights, best, exact
 from queue_server.curriculum.settings import ComposerSettings
+from queue_server.curriculum.shards import best_of, owned
 
-_EPS = 1e-9
-# Columns of the dense part of the scores (see _Parts): 1000 batches x 4096 float64 = 32 MB.
-_MAX_DENSE = 4096
+_EPS = 1e-9  # of g(t) = 1 / (served(t) + 1e-9 * (N + 1)), as in scoring.py
 SNAPSHOT_VERSION = 1
 # The composer's integer state, in snapshot order after the version.
 _SNAPSHOT_COUNTERS = ("served_tokens", "next_candidate", "plans", "ingested", "culled", "picked")
@@ -65,102 +68,6 @@ class CandidateFile:
         return self.ids[lo:hi], self.counts[lo:hi]
 
 
-class _Parts:
-    """Every buffered batch's score, kept so that a pick costs far less than a rescoring:
-
-        score(b) = sum_t count_b(t) * target(t) * g(t),
-        g(t) = 1 / (served(t) + 1e-9 * (N + 1)),      N = tokens served so far,
-
-    which ranks batches exactly as the design's neglect score, target(t) / (served(t) / (N+1)
-    + 1e-9), does (the two differ by the factor N + 1, common to all). Three parts:
-
-    - dense: tokens most batches hold (in at least an eighth of the buffer, at most
-      _MAX_DENSE of them) carry most of every score and move after every pick: a
-      matrix-vector product per pick;
-    - unseen: every other token not served yet has the same g = 1 / (1e-9 * (N + 1)), so
-      per batch the sums Z_A = count * corpus and Z_U = count / V times that one factor;
-    - seen: the other served tokens, per batch A = count * corpus * g and U = count * g / V.
-
-    Alpha mixes the parts for free: (1 - alpha) * (A-like) + alpha * (U-like). Serving only
-    adds to served(t) and N, and moving a token from unseen to seen only lowers its g, so
-    stale unseen and seen parts bound the exact ones from above: each pick recomputes only
-    the batches that reach the top (lazy greedy) and takes the first whose bound is exact,
-    the batch a full rescoring would pick.
-    """
-
-    def __init__(self, composer: Composer, hists: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        self.c = composer
-        self.hists = hists
-        n, vocab = len(hists), composer.settings.vocab_size
-        df = np.bincount(np.concatenate([h[0] for h in hists]), minlength=vocab)
-        dense = np.flatnonzero(df >= max(2, n // 8))
-        if len(dense) > _MAX_DENSE:  # the most widespread ones, ties to the lower id
-            dense = np.sort(np.argsort(-df, kind="stable")[:_MAX_DENSE])
-        column = np.full(vocab, -1, np.int64)
-        column[dense] = np.arange(len(dense))
-        self.dense = dense
-        self.dense_counts = np.zeros((n, len(dense)))
-        self.sparse: list[tuple[np.ndarray, np.ndarray]] = []
-        for i, (ids, counts) in enumerate(hists):
-            cols = column[ids]
-            in_dense = cols >= 0
-            self.dense_counts[i, cols[in_dense]] = counts[in_dense]
-            self.sparse.append((ids[~in_dense], counts[~in_dense]))
-        self.parts = np.empty((4, n))  # rows: unseen Z_A, Z_U; seen A, U
-        for i in range(n):
-            self._exact(i)
-        self.fresh = np.ones(n, bool)
-
-    def _eps(self) -> float:
-        return _EPS * (self.c.served_tokens + 1)
-
-    def _exact(self, i: int) -> None:
-        c = self.c
-        ids, counts = self.sparse[i]
-        served = c.served[ids]
-        unseen = served == 0
-        vocab = c.settings.vocab_size
-        self.parts[0, i] = float(counts[unseen] @ c.corpus[ids[unseen]])
-        self.parts[1, i] = float(counts[unseen].sum()) / vocab
-        seen = ~unseen
-        g = 1.0 / (served[seen] + self._eps())
-        self.parts[2, i] = float(counts[seen] @ (c.corpus[ids[seen]] * g))
-        self.parts[3, i] = float(counts[seen] @ g) / vocab
-
-    def served_changed(self) -> None:
-        self.fresh[:] = False
-
-    def _mix(self, alpha: float) -> np.ndarray:
-        """The per-part factors of the current alpha and N."""
-        unseen = 1.0 / self._eps()
-        return np.array([(1.0 - alpha) * unseen, alpha * unseen, 1.0 - alpha, alpha])
-
-    def _dense_part(self, alpha: float) -> np.ndarray:
-        g = 1.0 / (self.c.served[self.dense] + self._eps())
-        return self.dense_counts @ (self.c.target(alpha)[self.dense] * g)
-
-    def best(self, alive: np.ndarray, alpha: float) -> int:
-        """The alive batch of the highest score, the first (oldest) on a tie."""
-        dense, mix = self._dense_part(alpha), self._mix(alpha)
-        bound = dense + mix @ self.parts
-        bound[~alive] = -np.inf
-        while True:
-            i = int(np.argmax(bound))
-            if self.fresh[i]:
-                return i
-            self._exact(i)
-            self.fresh[i] = True
-            bound[i] = dense[i] + mix @ self.parts[:, i]
-
-    def exact_scores(self, alive: np.ndarray, alpha: float) -> np.ndarray:
-        for i in np.flatnonzero(alive & ~self.fresh):
-            self._exact(int(i))
-            self.fresh[i] = True
-        scores = self._dense_part(alpha) + self._mix(alpha) @ self.parts
-        scores[~alive] = -np.inf
-        return scores
-
-
 @dataclass
 class Composition:
     picks: list[tuple[int, int]]
@@ -169,14 +76,42 @@ class Composition:
     culled: int
 
 
+@dataclass
+class _Plan:
+    """The served file being composed: its picks so far and which buffered batches are left."""
+
+    seq: int
+    world_size: int
+    overrides: list
+    alive: np.ndarray  # per buffer position
+    row_of: np.ndarray  # per buffer position: its row in this composer's pool, or -1
+    position_of: np.ndarray  # per pool row: its buffer position, or -1
+    picks: list[tuple[int, int]] = field(default_factory=list)
+    alphas: list[float] = field(default_factory=list)
+    aged: int = 0  # culled by age
+    over: int = 0  # batches beyond capacity after the age cull
+
+
 class Composer:
-    def __init__(self, settings: ComposerSettings, corpus: np.ndarray) -> None:
+    """The buffer and the pick rule. With `shards` > 1 several Composers (one per process) keep
+    the same buffer, served counts and picks, and each scores its own part of the buffer
+    (`owned`); a pick is the best of their proposals (`best_of`). One Composer composes alone
+    with compose(); several are driven step by step: begin, then propose/accept per batch,
+    then cull_scores and finish, each step on every composer."""
+
+    def __init__(
+        self, settings: ComposerSettings, corpus: np.ndarray, shard: int = 0, shards: int = 1
+    ) -> None:
         if corpus.shape != (settings.vocab_size,):
             raise ValueError(
                 f"corpus distribution has shape {corpus.shape}, expected ({settings.vocab_size},)"
             )
+        if not 0 <= shard < shards:
+            raise ValueError(f"composer {shard} of {shards} does not exist")
         self.settings = settings
+        self.shard, self.shards = shard, shards
         self.corpus = corpus.astype(np.float64)
+        self.classes = TokenClasses.of(self.corpus)
         self.served = np.zeros(settings.vocab_size, np.int64)
         self.served_tokens = 0
         # The buffer, in ingest order: candidate seq, batch index in it, served seq it came in at.
@@ -188,6 +123,10 @@ class Composer:
         self.ingested = self.culled = self.picked = 0
         self.alpha = settings.schedule.alpha
         self._files: dict[int, CandidateFile] = {}
+        self._rows: dict[int, FileRows] = {}
+        self._pool: Pool | None = None  # the batches this composer scores (scoring.py)
+        self._plan: _Plan | None = None
+        self._dirty = False
 
     # ---- what the lane needs to know ---------------------------------------------------
     def needed(self) -> list[int]:
@@ -210,6 +149,7 @@ class Composer:
         keep = set(self.cand.tolist())
         for c in [c for c in self._files if c not in keep]:
             del self._files[c]
+            self._rows.pop(c, None)
 
     def target(self, alpha: float) -> np.ndarray:
         return (1.0 - alpha) * self.corpus + alpha / self.settings.vocab_size
@@ -224,63 +164,194 @@ class Composer:
 
     # ---- composing -----------------------------------------------------------------------
     def compose(self, seq: int, world_size: int, overrides: Sequence[Sequence]) -> Composition:
+        """Compose served file `seq` alone (shards == 1)."""
+        self.begin(seq, world_size, overrides)
+        for _ in range(self.settings.batches_per_file):
+            self.accept(best_of([self.propose()]))
+        return self.finish(self.cull_scores())
+
+    def begin(self, seq: int, world_size: int, overrides: Sequence[Sequence]) -> None:
+        """Ingest the next candidate files and set up the scoring of served file `seq`."""
         if seq != self.plans:
             raise ValueError(f"served seq {seq} composed out of order: the next is {self.plans}")
+        if self._dirty:
+            raise ValueError(
+                f"served seq {seq} was left half composed: this composer must restore its "
+                "last snapshot"
+            )
         s = self.settings
-        for c in self.needed():
-            nb = int(self._file(c).batches.metadata["num_batches"])
+        needed = [(c, self._file(c)) for c in self.needed()]  # all attached, or nothing changes
+        sizes = [int(f.batches.metadata["num_batches"]) for _, f in needed]
+        n = len(self.cand) + sum(sizes)
+        if n < s.batches_per_file:
+            raise ValueError(
+                f"the buffer holds {n} batches, fewer than one file's {s.batches_per_file}"
+            )
+        self._dirty = True  # until finish: a failure on the way leaves nothing to go on from
+        for (c, _), nb in zip(needed, sizes, strict=True):
             self.cand = np.concatenate([self.cand, np.full(nb, c, np.int64)])
             self.index = np.concatenate([self.index, np.arange(nb, dtype=np.int64)])
             self.born = np.concatenate([self.born, np.full(nb, seq, np.int64)])
             self.ingested += nb
             self.next_candidate = c + 1
-        n = len(self.cand)
-        if n < s.batches_per_file:
-            raise ValueError(
-                f"the buffer holds {n} batches, fewer than one file's {s.batches_per_file}"
-            )
-        hists = [
-            self._file(int(c)).hist(int(i)) for c, i in zip(self.cand, self.index, strict=True)
-        ]
-        parts = _Parts(self, hists)
-        alive = np.ones(n, bool)
-        picks: list[tuple[int, int]] = []
-        alphas: list[float] = []
-        for i in range(s.batches_per_file):
-            alpha = alpha_for(
-                s.schedule, overrides, seq, i, s.batches_per_file, world_size, self.served_tokens
-            )
-            best = parts.best(alive, alpha)
-            alive[best] = False
-            b_ids, b_counts = hists[best]
-            self.served[b_ids] += b_counts.astype(np.int64)
-            self.served_tokens += int(b_counts.sum())
-            parts.served_changed()
-            picks.append((int(self.cand[best]), int(self.index[best])))
-            alphas.append(alpha)
-        self.alpha = alphas[-1]
-        self.picked += len(picks)
-        culled = self._cull(alive, parts, seq)
+        mine = np.flatnonzero(
+            owned(self.cand, self.index, s.candidate_batches_per_file, self.shard, self.shards)
+        )
+        pool = self._pool_with(mine, {c for c, _ in needed})
+        if pool.live != len(mine):
+            raise ValueError(f"the scoring pool holds {pool.live} batches, not {len(mine)}")
+        row_of = np.full(n, -1, np.int64)
+        row_of[mine] = np.flatnonzero(pool.alive[: pool.n])
+        position_of = np.full(pool.n, -1, np.int64)
+        position_of[row_of[mine]] = mine
+        self._plan = _Plan(
+            seq, world_size, [list(o) for o in overrides], np.ones(n, bool), row_of, position_of
+        )
+
+    def _pool_with(self, mine: np.ndarray, new: set[int]) -> Pool:
+        """The pool of this composer's batches at buffer `mine`: the kept one (compacted when
+        a quarter of it is dead) with the new files' batches added, or, for the first file and
+        after a restore, one made from the files."""
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = Pool(self.classes.width, self.settings.vocab_size)
+            new = {c for c, _ in self._by_file(mine)}
+        elif pool.n - pool.live > pool.live // 4:
+            pool.compact()
+        files = [(c, g) for c, g in self._by_file(mine) if c in new]
+        pool.reserve(
+            sum(len(g) for _, g in files),
+            sum(int(self._file_rows(c).length[self.index[g]].sum()) for c, g in files),
+        )
+        for c, group in files:
+            pool.add(self._file_rows(c), self.index[group])
+        pool.index()
+        return pool
+
+    def _by_file(self, positions: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """`positions` (buffer order, so grouped by candidate file) split by candidate seq."""
+        if len(positions) == 0:
+            return []
+        cuts = np.flatnonzero(np.diff(self.cand[positions])) + 1
+        return [(int(self.cand[g[0]]), g) for g in np.split(positions, cuts)]
+
+    def _file_rows(self, c: int) -> FileRows:
+        if c not in self._rows:
+            self._rows[c] = FileRows.build(self._file(c), self.classes, self.corpus)
+        return self._rows[c]
+
+    def _current_pool(self) -> Pool:
+        assert self._pool is not None, "begin builds the pool"
+        return self._pool
+
+    def _current_plan(self) -> _Plan:
+        if self._plan is None:
+            raise ValueError("no served file is being composed: begin first")
+        return self._plan
+
+    def _alpha(self, plan: _Plan) -> float:
+        s = self.settings
+        return alpha_for(
+            s.schedule,
+            plan.overrides,
+            plan.seq,
+            len(plan.picks),
+            s.batches_per_file,
+            plan.world_size,
+            self.served_tokens,
+        )
+
+    def picks_left(self) -> int:
+        """Batches the served file being composed still needs."""
+        return self.settings.batches_per_file - len(self._current_plan().picks)
+
+    def propose(self) -> tuple[float, int] | None:
+        """(score, buffer position) of this composer's best batch for the next pick."""
+        plan = self._current_plan()
+        if len(plan.picks) >= self.settings.batches_per_file:
+            raise ValueError(f"served seq {plan.seq} already has all its batches")
+        weights = Weights(
+            self.corpus, self.classes, self.served, self.served_tokens, self._alpha(plan)
+        )
+        found = best(self._current_pool(), weights)
+        if found is None:
+            return None
+        score, row = found
+        return score, int(plan.position_of[row])
+
+    def accept(self, position: int) -> None:
+        """Serve the batch at buffer `position`, whichever composer proposed it."""
+        plan = self._current_plan()
+        if not (0 <= position < len(plan.alive)) or not plan.alive[position]:
+            raise ValueError(f"buffer position {position} is not a batch left to pick")
+        alpha = self._alpha(plan)
+        c, i = int(self.cand[position]), int(self.index[position])
+        ids, counts = self._file(c).hist(i)
+        eps_before = _EPS * (self.served_tokens + 1)
+        pool = self._current_pool()
+        pool.tighten(
+            ids,
+            counts,
+            self.served,
+            eps_before,
+            _EPS * (self.served_tokens + int(counts.sum()) + 1),
+            self.classes.rare,
+        )
+        self.served[ids] += counts.astype(np.int64)
+        self.served_tokens += int(counts.sum())
+        plan.alive[position] = False
+        pool.kill(plan.row_of[position : position + 1][plan.row_of[position : position + 1] >= 0])
+        plan.picks.append((c, i))
+        plan.alphas.append(alpha)
+
+    def cull_scores(self) -> list[list[float]]:
+        """After the last pick: cull by age, and when the buffer is still over capacity, the
+        [position, exact score] of this composer's batches that compete for it."""
+        plan = self._current_plan()
+        s = self.settings
+        if len(plan.picks) != s.batches_per_file:
+            raise ValueError(f"served seq {plan.seq} has {len(plan.picks)} batches, not all")
+        self.alpha = plan.alphas[-1]
+        old = plan.alive & (self.born <= plan.seq - s.max_age)
+        plan.aged = int(old.sum())
+        plan.alive &= ~old
+        pool = self._current_pool()
+        pool.kill(plan.row_of[old & (plan.row_of >= 0)])
+        plan.over = int(plan.alive.sum()) - s.capacity
+        if plan.over <= 0:
+            return []
+        weights = Weights(self.corpus, self.classes, self.served, self.served_tokens, self.alpha)
+        scores = exact(pool, weights)  # every row: their kept sums are fresh for the next file
+        mine = np.flatnonzero(plan.alive & (plan.row_of >= 0))
+        rows = plan.row_of[mine]
+        return [[int(p), float(x)] for p, x in zip(mine, scores[rows], strict=True)]
+
+    def finish(self, scored: Sequence[Sequence[float]]) -> Composition:
+        """Keep the `capacity` best of every composer's cull_scores (the oldest on a tie),
+        retire what is left of no batch, and close served file seq."""
+        plan = self._current_plan()
+        s = self.settings
+        alive = plan.alive
+        culled = plan.aged
+        if plan.over > 0:
+            positions = np.array([int(p) for p, _ in scored], np.int64)
+            scores = np.array([float(x) for _, x in scored])
+            if len(positions) != int(alive.sum()) or not alive[positions].all():
+                raise ValueError("the cull scores do not cover the batches left in the buffer")
+            keep = positions[np.lexsort((positions, -scores))[: s.capacity]]
+            alive[:] = False
+            alive[keep] = True
+            culled += plan.over
+            self._current_pool().kill(plan.row_of[~alive & (plan.row_of >= 0)])
+        self.culled += culled
+        self.picked += len(plan.picks)
         before = set(self.cand.tolist())
         self.cand, self.index, self.born = self.cand[alive], self.index[alive], self.born[alive]
         retired = sorted(before - set(self.cand.tolist()))
         self.plans += 1
-        return Composition(picks, alphas, retired, culled)
-
-    def _cull(self, alive: np.ndarray, parts: _Parts, seq: int) -> int:
-        s = self.settings
-        old = alive & (self.born <= seq - s.max_age)
-        culled = int(old.sum())
-        alive &= ~old
-        over = int(alive.sum()) - s.capacity
-        if over > 0:
-            scores = parts.exact_scores(alive, self.alpha)
-            keep = np.argsort(-scores, kind="stable")[: s.capacity]
-            alive[:] = False
-            alive[keep] = True
-            culled += over
-        self.culled += culled
-        return culled
+        self._plan = None
+        self._dirty = False
+        return Composition(plan.picks, plan.alphas, retired, culled)
 
     def _file(self, c: int) -> CandidateFile:
         try:
@@ -297,19 +368,21 @@ class Composer:
         alphas: Sequence[float],
     ) -> PublishedFile:
         """Publish served file `seq`: the picked batches copied out of their candidate files."""
-        import torch  # here, not at import: the server process itself never loads torch
+        from queue_client.storage import stack_stored  # torch: never in the server process
 
         first = self._file(int(picks[0][0])).batches
-        names = [f["name"] for f in first.metadata["schema"]]
-        tensors = {
-            name: torch.stack([self._file(int(c)).batches.tensors[name][int(i)] for c, i in picks])
-            for name in names
-        }
+        # What the files store, copied as stored (FORMAT.md).
+        picked = [
+            {n: t[int(i)] for n, t in self._file(int(c)).batches.stored.items()} for c, i in picks
+        ]
+        tensors = stack_stored(first.schema, picked)
         metadata = {
             key: first.metadata[key] for key in ("dataset", "split", "batch_size", "schema")
         }
         metadata["curriculum_alphas"] = [round(a, 6) for a in alphas]
-        return write_batch_file(directory, seq=seq, tensors=tensors, metadata=metadata)
+        return write_batch_file(
+            directory, seq=seq, tensors=tensors, metadata=metadata, version=first.version
+        )
 
     # ---- snapshots -------------------------------------------------------------------------
     def save(self, path: Path) -> None:
@@ -338,7 +411,11 @@ class Composer:
             self.alpha = float(z["alpha"][0])
             self.served = z["served"].astype(np.int64)
             self.cand, self.index, self.born = z["cand"], z["index"], z["born"]
+        self._pool = None
+        self._plan = None
+        self._dirty = False
         self._files.clear()
+        self._rows.clear()
 
     def stats(self) -> dict:
         return {

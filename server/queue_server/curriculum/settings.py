@@ -22,6 +22,8 @@ class ComposerSettings:
     capacity: int  # candidate batches kept in the buffer
     oversample: float  # candidate batches ingested per served batch
     schedule: AlphaSchedule = field(default_factory=AlphaSchedule)
+    # Composer processes sharing the buffer (shards.py); what is served does not depend on it.
+    composers: int = 1
 
     @property
     def files_per_plan(self) -> int:
@@ -56,6 +58,7 @@ class ComposerSettings:
             "capacity": self.capacity,
             "oversample": self.oversample,
             "schedule": self.schedule.to_json(),
+            "composers": self.composers,
         }
 
     @classmethod
@@ -67,6 +70,7 @@ class ComposerSettings:
             int(raw["capacity"]),
             float(raw["oversample"]),
             AlphaSchedule.from_json(raw["schedule"]),
+            int(raw.get("composers", 1)),
         )
 
 
@@ -107,5 +111,6 @@ def curriculum_settings(
         capacity=max(config.curriculum.candidate_buffer, config.batches_per_file),
         oversample=float(config.curriculum.candidate_oversample),
         schedule=schedule,
+        composers=config.curriculum.composer_workers,
     )
     return settings, field_name

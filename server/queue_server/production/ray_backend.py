@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,13 @@ from queue_server.production.backend import (
     SlotDied,
 )
 from queue_server.production.ray_actor import Failed, Made, ProviderActor, Started
+from queue_server.production.ray_calls import (
+    ClusterGone,
+    actor_reply,
+    awaitable,
+    check_some_node_matches,
+    gist,
+)
 from queue_server.production.ray_connect import (
     LOCAL,
     SPREAD,
@@ -46,10 +53,6 @@ from queue_server.production.ray_connect import (
     import_ray,
     placement_options,
 )
-from queue_server.production.ray_connect import _listening as head_answers
-
-# How often a call that waits on an actor checks that the cluster's head still answers.
-_CLUSTER_CHECK_S = 2.0
 
 
 @dataclass
@@ -176,7 +179,7 @@ class RayBackend(ProductionBackend):
             return
         ray = import_ray()
         with contextlib.suppress(Exception):  # dead already, or slow to stop: killed anyway
-            await asyncio.wait_for(_awaitable(current.actor.stop.remote()), 5.0)
+            await asyncio.wait_for(awaitable(current.actor.stop.remote()), 5.0)
         with contextlib.suppress(Exception):
             ray.kill(current.actor, no_restart=True)
 
@@ -221,24 +224,11 @@ class RayBackend(ProductionBackend):
             return
         ray = import_ray()
         self._slots.clear()  # handles of an older join are dead: every slot gets a new actor
-        if "label_selector" in self._options:
-            await asyncio.to_thread(self._check_some_node_matches, ray)
+        await asyncio.to_thread(
+            check_some_node_matches, ray, self._options, self.placement, self.ray_address
+        )
         self._actor_class = ray.remote(ProviderActor)
         self._connection = connection
-
-    def _check_some_node_matches(self, ray: Any) -> None:
-        """A label no node carries is a config error, not a wait for a node that never comes."""
-        wanted = self._options["label_selector"]
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        if not any(
-            all((n.get("Labels") or {}).get(k) == v for k, v in wanted.items()) for n in alive
-        ):
-            raise ProduceFailed(
-                f"ray_placement = {self.placement!r} matches none of the {len(alive)} alive "
-                f"nodes of the Ray cluster at {self.ray_address!r}; start a node with "
-                "`ray start --labels=KEY=VALUE`",
-                kind="ConfigError",
-            )
 
     def _create(self, slot: int) -> _Slot:
         init = {**self._init, "worker_index": slot, "num_workers": self.slots}
@@ -262,8 +252,8 @@ class RayBackend(ProductionBackend):
         timeout is for a start: a file takes as long as the provider takes."""
         ray = import_ray()
         try:
-            return await _reply(ref, ray.get_runtime_context().gcs_address, timeout_s)
-        except _ClusterGone:
+            return await actor_reply(ref, ray.get_runtime_context().gcs_address, timeout_s)
+        except ClusterGone:
             raise SlotDied(
                 f"{self._label}: the Ray cluster at {self.ray_address!r} is gone (its head does "
                 f"not answer) while slot {slot} waited for its actor"
@@ -284,45 +274,5 @@ class RayBackend(ProductionBackend):
         except ray.exceptions.RayError as exc:  # the actor, its node or the cluster is gone
             raise SlotDied(
                 f"{self._label}: the Ray actor of slot {slot} is gone: "
-                f"{type(exc).__name__}: {_gist(exc)}"
+                f"{type(exc).__name__}: {gist(exc)}"
             ) from exc
-
-
-class _ClusterGone(Exception):
-    pass
-
-
-async def _reply(ref: Any, gcs_address: str, timeout_s: float | None) -> Any:
-    """The actor's reply, TimeoutError after timeout_s, or _ClusterGone once the head stops
-    answering: Ray retries a call whose actor died until the actor is back, and with the
-    whole cluster gone that is forever."""
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_s is None else loop.time() + timeout_s
-    waiting = asyncio.ensure_future(_awaitable(ref))
-    try:
-        while True:
-            left = _CLUSTER_CHECK_S if deadline is None else deadline - loop.time()
-            done, _ = await asyncio.wait({waiting}, timeout=max(0.0, min(left, _CLUSTER_CHECK_S)))
-            if done:
-                return waiting.result()
-            if deadline is not None and loop.time() >= deadline:
-                raise asyncio.TimeoutError
-            if not await asyncio.to_thread(head_answers, gcs_address):
-                raise _ClusterGone
-    finally:
-        waiting.cancel()
-
-
-def _awaitable(ref: Any) -> Awaitable[Any]:
-    async def wait() -> Any:
-        return await ref
-
-    return wait()
-
-
-def _gist(exc: BaseException) -> str:
-    """The first and last lines of a Ray error: what happened, and the underlying error."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if len(lines) <= 1:
-        return lines[0] if lines else ""
-    return f"{lines[0]} ... {lines[-1]}"

@@ -18,6 +18,11 @@ the seq and the reply has the states, with name "" (another node's seq, docs/mul
 A produce with a state produces that seq again from the journaled state and then restores
 the worker's forward stream, so re-producing an old seq never disturbs the next new one.
 Errors come back as {"ok": false, "error": "...", "errno": n}; the process keeps running.
+
+A worker ignores SIGINT: a Ctrl-C in a terminal reaches the whole process group, and the
+server, not the terminal, stops its workers (it closes their sockets), so a Ctrl-C prints no
+worker traceback. Long preparation steps (building meta, checking inputs, loading indexes)
+log progress lines (preparation.py) on the worker's stderr, which is the server's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import threading
 import traceback
@@ -39,16 +45,22 @@ from queue_client.layout import DatasetLayout
 from queue_client.meta import meta_from_json, meta_to_json
 from queue_providers import DataProviderBase, ProviderContext, create
 from queue_providers.inputs import check_inputs, describe_inputs
+from queue_server.logs import configure_logging
+from queue_server.production.preparation import Preparation, input_bytes
 from queue_server.production.replies import produced_reply
 
 
 def run_over_socket(sock: socket.socket, cwd: str) -> None:
     """The worker's entry point: serve requests on `sock` until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us, not the terminal
+    configure_logging()
     _exit_when_server_goes(sock)
     os.chdir(cwd)  # relative paths in provider args are relative to the config file
     requests, replies = sock.makefile("rb"), sock.makefile("wb")
     try:
         _serve(requests, replies)
+    except KeyboardInterrupt:  # a SIGINT that came before it was ignored: exit quietly
+        pass
     finally:
         for stream in (requests, replies, sock):
             with contextlib.suppress(OSError):
@@ -91,104 +103,153 @@ def _serve(requests: Any, replies: Any) -> None:
 
 
 def _loop(requests: Any, reply: Any) -> None:
-    provider = None
-    host: Any = None  # the curriculum composer, in the one worker that composes
-    root: Path | None = None
-    dataset = ""
-
+    session = WorkerSession()
     for line in requests:
         req = json.loads(line)
-        op = req.get("op")
-        try:
-            if op == "init":
-                root, dataset = Path(req["data_root"]), req["dataset"]
-                context = ProviderContext(
-                    dataset_name=dataset,
-                    dataset_dir=root / dataset,
-                    batch_size=req["batch_size"],
-                    batches_per_file=req["batches_per_file"],
-                    seed=req["seed"],
-                    worker_index=req.get("worker_index", 0),
-                    num_workers=req.get("num_workers", 1),
-                    verbose=req.get("verbose", False),
-                    extra_meta=req.get("extra_meta", {}),
-                    histogram_field=req.get("histogram_field", ""),
-                )
-                provider = create(req["provider"], context, req.get("args", {}))
-                provider.on_start()
-                stateful = type(provider).state_dict is not DataProviderBase.state_dict
-                reply({"ok": True, "stateful": stateful})
-            elif op == "meta":
-                assert provider is not None, "init first"
-                inputs = describe_inputs(provider.input_files())
-                meta_json = meta_to_json(provider.complete_meta(inputs))
-                reply({"ok": True, "meta_json": meta_json, "inputs": inputs})
-            elif op == "check_inputs":  # a ConfigError naming the changed file if one changed
-                assert provider is not None, "init first"
-                check_inputs(
-                    provider.input_files(), req["inputs"], req["fingerprint"], dataset=dataset
-                )
-                reply({"ok": True, "fingerprint": req["fingerprint"]})
-            elif op == "set_meta":
-                assert provider is not None, "init first"
-                provider.set_meta(meta_from_json(req["meta_json"]))
-                if req.get("split") and req.get("state"):
-                    provider.load_state_dict(req["split"], req["state"])
-                reply({"ok": True})
-            elif op == "produce":
-                assert provider is not None and root is not None, "init first"
-                split, seq, state = req["split"], req["seq"], req.get("state")
-                forward = None
-                if state is not None:
-                    forward = provider.state_dict(split)
-                    provider.load_state_dict(split, state)
-                before = provider.state_dict(split)
-                published = None
-                if req.get("publish", True):
-                    layout = DatasetLayout(root, dataset)
-                    directory = layout.files_dir(split, candidates=req.get("into") == "candidates")
-                    published = provider.produce_file(split, seq, directory)
-                else:
-                    provider.make_file(split, seq)  # the stream moves past seq; bytes dropped
-                after = provider.state_dict(split)
-                if forward is not None:
-                    provider.load_state_dict(split, forward)
-                if published is None:
-                    reply(
-                        {
-                            "ok": True,
-                            "seq": seq,
-                            "name": "",
-                            "bytes": 0,
-                            "crc": 0,
-                            "before": before,
-                            "after": after,
-                        }
-                    )
-                else:
-                    reply(produced_reply(seq, published, before, after))
-            elif op in ("curriculum_init", "compose", "materialize"):
-                assert provider is not None and root is not None, "init first"
-                if host is None:
-                    from queue_server.curriculum.host import ComposerHost
+        answer = session.answer(req)
+        reply(answer)
+        if req.get("op") == "stop" and answer.get("ok"):
+            return
 
-                    host = ComposerHost(provider, root, dataset)
-                reply(host.handle(req))
-            elif op == "stop":
-                if provider is not None:
-                    provider.on_stop()
-                reply({"ok": True})
-                return
-            else:
-                reply({"ok": False, "error": f"unknown op {op!r}"})
+
+def error_reply(exc: Exception) -> dict[str, Any]:
+    """A request that failed, as the server's side reads it (WorkerError)."""
+    return {
+        "ok": False,
+        "error": f"{type(exc).__name__}: {exc}",
+        "kind": type(exc).__name__,
+        "errno": getattr(exc, "errno", None) or 0,
+    }
+
+
+class WorkerSession:
+    """What a worker holds between requests (its provider; the composer of a curriculum
+    split) and the answer to each one. A worker process reads requests from its socket; a
+    Ray composer actor (curriculum/composer_actor.py) gets them as calls: same ops, same
+    replies."""
+
+    def __init__(self) -> None:
+        self.provider: DataProviderBase | None = None
+        self.host: Any = None  # the curriculum composer, in the one worker that composes
+        self.root: Path | None = None
+        self.dataset = ""
+        self.first_worker = True  # worker 0 of its split speaks for the split's loading steps
+
+    def answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The reply to one request; a failure is an error reply, and the worker goes on."""
+        try:
+            return self._handle(req)
         except Exception as exc:  # reported to the server, which decides to retry or fail
             if os.environ.get("BATCHQUEUE_WORKER_TRACEBACK"):
                 traceback.print_exc()
-            reply(
-                {
-                    "ok": False,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "kind": type(exc).__name__,
-                    "errno": getattr(exc, "errno", None) or 0,
-                }
+            return error_reply(exc)
+
+    def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        provider, root, dataset = self.provider, self.root, self.dataset
+        if op == "init":
+            root, dataset = Path(req["data_root"]), req["dataset"]
+            self.root, self.dataset = root, dataset
+            self.first_worker = req.get("worker_index", 0) == 0
+            context = ProviderContext(
+                dataset_name=dataset,
+                dataset_dir=root / dataset,
+                batch_size=req["batch_size"],
+                batches_per_file=req["batches_per_file"],
+                seed=req["seed"],
+                worker_index=req.get("worker_index", 0),
+                num_workers=req.get("num_workers", 1),
+                verbose=req.get("verbose", False),
+                extra_meta=req.get("extra_meta", {}),
+                histogram_field=req.get("histogram_field", ""),
             )
+            with Preparation(
+                f"dataset {dataset}: starting provider {req['provider']}",
+                quiet=not self.first_worker,
+            ):
+                provider = create(req["provider"], context, req.get("args", {}))
+                provider.on_start()
+            self.provider = provider
+            stateful = type(provider).state_dict is not DataProviderBase.state_dict
+            return {"ok": True, "stateful": stateful}
+        if op == "meta":
+            assert provider is not None, "init first"
+            files = provider.input_files()
+            with Preparation(
+                f"dataset {dataset}: building meta",
+                announce=True,
+                total_bytes=input_bytes(files),
+            ) as prep:
+                prep.stage = "fingerprinting its input files"
+                inputs = describe_inputs(files)
+                prep.stage = "tokenizer, indexes and the rest of meta"
+                meta_json = meta_to_json(provider.complete_meta(inputs))
+            return {"ok": True, "meta_json": meta_json, "inputs": inputs}
+        if op == "check_inputs":  # a ConfigError naming the changed file if one changed
+            assert provider is not None, "init first"
+            files = provider.input_files()
+            with Preparation(
+                f"dataset {dataset}: checking its inputs against meta",
+                total_bytes=input_bytes(files),
+            ):
+                check_inputs(files, req["inputs"], req["fingerprint"], dataset=dataset)
+            return {"ok": True, "fingerprint": req["fingerprint"]}
+        if op == "set_meta":
+            assert provider is not None, "init first"
+            where = f"dataset {dataset}" + (f" split {req['split']}" if req.get("split") else "")
+            with Preparation(
+                f"{where}: loading meta, tokenizer and indexes", quiet=not self.first_worker
+            ):
+                provider.set_meta(meta_from_json(req["meta_json"]))
+                if req.get("split") and req.get("state"):
+                    provider.load_state_dict(req["split"], req["state"])
+            return {"ok": True}
+        if op == "produce":
+            assert provider is not None and root is not None, "init first"
+            return _produce(provider, DatasetLayout(root, dataset), req)
+        if op in ("curriculum_init", "compose", "materialize"):
+            assert provider is not None and root is not None, "init first"
+            if self.host is None:
+                from queue_server.curriculum.host import ComposerHost
+
+                self.host = ComposerHost(provider, root, dataset)
+            if op == "curriculum_init":
+                with Preparation(f"dataset {dataset}: starting its curriculum composer"):
+                    return dict(self.host.handle(req))
+            return dict(self.host.handle(req))
+        if op == "stop":
+            if provider is not None:
+                provider.on_stop()
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+
+def _produce(
+    provider: DataProviderBase, layout: DatasetLayout, req: dict[str, Any]
+) -> dict[str, Any]:
+    split, seq, state = req["split"], req["seq"], req.get("state")
+    forward = None
+    if state is not None:
+        forward = provider.state_dict(split)
+        provider.load_state_dict(split, state)
+    before = provider.state_dict(split)
+    published = None
+    if req.get("publish", True):
+        directory = layout.files_dir(split, candidates=req.get("into") == "candidates")
+        published = provider.produce_file(split, seq, directory)
+    else:
+        provider.make_file(split, seq)  # the stream moves past seq; bytes dropped
+    after = provider.state_dict(split)
+    if forward is not None:
+        provider.load_state_dict(split, forward)
+    if published is None:
+        return {
+            "ok": True,
+            "seq": seq,
+            "name": "",
+            "bytes": 0,
+            "crc": 0,
+            "before": before,
+            "after": after,
+        }
+    return produced_reply(seq, published, before, after)

@@ -1,0 +1,530 @@
+"""Scoring a composer's candidate batches: numpy over every batch at once, no loop over them.
+
+The score of batch b is the neglect score of docs/curriculum.md, with the common factor N + 1
+left out (N = tokens served so far):
+
+    score(b) = sum over tokens t of b: count_b(t) * target(t) * g(t),
+    g(t) = 1 / (served(t) + 1e-9 * (N + 1)),  target = (1 - alpha) * corpus + alpha / V.
+
+**Exact scores** are computed row by row in a fixed order (np.add.reduceat over the row's own
+entries), so a batch's score depends on its histogram, `served` and alpha only: not on which
+other batches sit beside it, nor on which composer holds it. That is what lets several
+composers split the buffer (`composer_workers`) and still pick what one composer picks.
+
+Every score is made of four sums per batch: Z_A = count * corpus and Z_U = count over the
+tokens not served yet (their g is the one factor 1/eps), S_A = count * corpus * g and
+S_U = count * g over the served ones; score = (1 - alpha) * (Z_A / eps + S_A)
++ alpha * (Z_U / eps + S_U) / V. Serving only adds to served(t) and N, so scores only fall,
+and a pick needs the exact score of few batches: those whose upper bound reaches the best
+exact score found. The tokens split once by the corpus (not by the buffer, for the reason
+above) into:
+
+- head: the `HEAD_TOKENS` tokens of highest corpus probability. Nearly every batch holds them
+  and every pick moves their g, so each pick bounds their part of every score at once:
+  float32 counts (exact) times float32 weights rounded up, in blocks of _HEAD_BLOCK columns,
+  each block widened by the worst rounding of its sum (gamma_n): a rigorous bound;
+- tail: every other token. Each batch's four tail sums are kept from its last exact score;
+  they bound the current ones from above. The rare tail tokens (from corpus rank RARE_FROM
+  on) move the most when served and sit in few batches, so after each pick an index by token
+  takes from the kept sums of the batches holding the pick's rare tokens what serving them
+  certainly took (Pool.tighten).
+
+A pick scores exactly the batches of the highest bounds, in growing rounds, until no bound
+left reaches the best exact score: the batch a full exact rescoring would pick (the oldest on
+a tie), after a few exact batches per pick. The bounds decide only how much is scored, never
+what is picked.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from queue_server.curriculum.composer import CandidateFile
+
+_EPS = 1e-9
+# Head columns: a float32 matrix of buffer x HEAD_TOKENS (1,000 x 2,048 = 8 MB), multiplied
+# once per pick. Fewer columns leave more tokens to the tail and more exact rows per pick.
+HEAD_TOKENS = 2048
+# Tail tokens from this corpus rank on are rare: few batches hold each, and serving one moves
+# its weight most, so each pick tightens the kept sums of the batches that hold its rare
+# tokens (an index by token; a few thousand entries per pick).
+RARE_FROM = 16384
+_U32 = 2.0**-24  # float32 unit roundoff
+# Head columns per float32 product: the rounding allowance of a product grows with its length.
+_HEAD_BLOCK = 512
+# Rounding allowances on kept tail sums: relative to the sums when last computed exactly
+# (they shrink afterwards), and on each tightening.
+_KEPT_SLACK = 1e-11
+_TIGHTEN_SLACK = 1e-6
+_FIRST_CHUNK = 2  # exact rows in the first round of a pick; each next round doubles it
+_BLOCK = 1 << 16  # entries scored at once by exact()
+
+
+@dataclass(frozen=True)
+class TokenClasses:
+    """Head, tail and rare tokens: a pure function of the corpus distribution (ties to the
+    lower id), so every composer of a split agrees on them."""
+
+    column: np.ndarray  # per token: its head column, or -1 for a tail token
+    head: np.ndarray  # the head tokens, in column (id) order
+    rare: np.ndarray  # per token: a tail token indexed for tightening
+
+    @property
+    def width(self) -> int:
+        return len(self.head)
+
+    @classmethod
+    def of(
+        cls, corpus: np.ndarray, head: int = HEAD_TOKENS, rare_from: int = RARE_FROM
+    ) -> TokenClasses:
+        ranked = np.argsort(-corpus, kind="stable")
+        top = ranked[:head]
+        top = np.sort(top[corpus[top] > 0])
+        column = np.full(len(corpus), -1, np.int64)
+        column[top] = np.arange(len(top))
+        rare = np.ones(len(corpus), bool)
+        rare[ranked[:rare_from]] = False
+        rare[top] = False
+        return cls(column, top, rare)
+
+
+@dataclass
+class FileRows:
+    """One candidate file's batches as scoring reads them, made once when it is attached: per
+    batch its entries (token, count, count * corpus), head tokens first and then tail tokens,
+    each in id order; its head counts as dense float32 rows; and its rare entries sorted by
+    token."""
+
+    tok: np.ndarray
+    cnt: np.ndarray
+    ca: np.ndarray
+    start: np.ndarray  # per batch: where its entries start
+    head_len: np.ndarray  # per batch: its head entries, then tail_len tail entries
+    tail_len: np.ndarray
+    head32: np.ndarray  # batches x width, float32 counts (exact below 2**24)
+    rare_tok: np.ndarray
+    rare_batch: np.ndarray
+    rare_cnt: np.ndarray
+    rare_ca: np.ndarray
+
+    @property
+    def length(self) -> np.ndarray:
+        """Entries per batch."""
+        return self.head_len + self.tail_len
+
+    @classmethod
+    def build(cls, cf: CandidateFile, classes: TokenClasses, corpus: np.ndarray) -> FileRows:
+        nb = len(cf.offsets) - 1
+        lens = np.diff(cf.offsets).astype(np.int64)
+        row = np.repeat(np.arange(nb, dtype=np.int64), lens)
+        cols = classes.column[cf.ids]
+        is_tail = cols < 0
+        order = np.argsort(row * 2 + is_tail, kind="stable")  # per batch: head, then tail
+        tok, cnt = cf.ids[order], cf.counts[order]
+        ca = cnt * corpus[tok]
+        tail_len = np.bincount(row[is_tail], minlength=nb).astype(np.int64)
+        head32 = np.zeros((nb, classes.width), np.float32)
+        head32[row[~is_tail], cols[~is_tail]] = cf.counts[~is_tail]
+        tail_row = row[is_tail]
+        tail_tok, tail_cnt = cf.ids[is_tail], cf.counts[is_tail]
+        is_rare = classes.rare[tail_tok]
+        by_token = np.argsort(tail_tok[is_rare], kind="stable")
+        rare_tok = tail_tok[is_rare][by_token]
+        rare_cnt = tail_cnt[is_rare][by_token]
+        return cls(
+            tok=tok,
+            cnt=cnt,
+            ca=ca,
+            start=cf.offsets[:-1].astype(np.int64),
+            head_len=lens - tail_len,
+            tail_len=tail_len,
+            head32=head32,
+            rare_tok=rare_tok,
+            rare_batch=tail_row[is_rare][by_token],
+            rare_cnt=rare_cnt,
+            rare_ca=rare_cnt * corpus[rare_tok],
+        )
+
+
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenated [start, start + len) index ranges."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+def _grown(array: np.ndarray, used: int, need: int, axis: int = 0) -> np.ndarray:
+    """`array`, or a new one with room for at least `need` items along `axis` (doubling) and
+    its first `used` items copied."""
+    have = array.shape[axis]
+    if need <= have:
+        return array
+    shape = list(array.shape)
+    shape[axis] = max(need, 2 * have, 16)
+    out = np.empty(shape, array.dtype)
+    keep = (slice(None),) * axis + (slice(0, used),)
+    out[keep] = array[keep]
+    return out
+
+
+class Pool:
+    """The batches one composer scores, kept from one served file to the next: each batch's
+    entries back to back, its float32 head row, its kept tail sums (with the rounding
+    allowance `slack`), and the rare entries of every batch sorted by token (`rare_start`:
+    where each token's run starts). Batches join at the end as their files are ingested, so
+    pool order is buffer order; a batch picked or culled is only marked dead, and the
+    composer builds a fresh pool when the dead outnumber half the living."""
+
+    def __init__(self, width: int, vocab: int) -> None:
+        self.n = 0  # rows used, dead ones included
+        self.live = 0
+        self.start = np.zeros(0, np.int64)
+        self.head_len = np.zeros(0, np.int64)
+        self.tail_len = np.zeros(0, np.int64)
+        self.alive = np.zeros(0, bool)
+        self.parts = np.zeros((4, 0))
+        self.slack = np.zeros((4, 0))
+        self.head32 = np.zeros((0, width), np.float32)
+        self.used = 0  # entries used
+        self.tail_entries = 0  # of them, tail entries (of living rows, or dead ones)
+        self.tok = np.zeros(0, np.int64)
+        self.cnt = np.zeros(0)
+        self.ca = np.zeros(0)
+        self.rare_row = np.zeros(0, np.int64)
+        self.rare_cnt = np.zeros(0)
+        self.rare_ca = np.zeros(0)
+        self.rare_start = np.zeros(vocab + 1, np.int64)
+        self._pending: list[tuple[np.ndarray, ...]] = []  # rare entries added, not indexed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def reserve(self, rows: int, entries: int) -> None:
+        """Room for `rows` more batches of `entries` entries in all (a fresh pool's size)."""
+        self._grow(self.n + rows, self.used + entries)
+
+    def _grow(self, rows: int, used: int) -> None:
+        n = self.n
+        self.start = _grown(self.start, n, rows)
+        self.head_len = _grown(self.head_len, n, rows)
+        self.tail_len = _grown(self.tail_len, n, rows)
+        self.alive = _grown(self.alive, n, rows)
+        self.parts = _grown(self.parts, n, rows, axis=1)
+        self.slack = _grown(self.slack, n, rows, axis=1)
+        self.head32 = _grown(self.head32, n, rows)
+        self.tok = _grown(self.tok, self.used, used)
+        self.cnt = _grown(self.cnt, self.used, used)
+        self.ca = _grown(self.ca, self.used, used)
+
+    def add(self, fr: FileRows, batches: np.ndarray, parts: np.ndarray | None = None) -> None:
+        """Append the batches `batches` of one file (in order), with kept tail sums `parts`
+        (4 x len(batches); none kept: NaN, so each is scored exactly at its first pick).
+        Their rare entries join the index at the next index()."""
+        k, first = len(batches), self.n
+        lens = fr.head_len[batches] + fr.tail_len[batches]
+        at = _ranges(fr.start[batches], lens)
+        rows, used = self.n + k, self.used + len(at)
+        self._grow(rows, used)
+        self.start[first:rows] = self.used + np.cumsum(lens) - lens
+        self.head_len[first:rows] = fr.head_len[batches]
+        self.tail_len[first:rows] = fr.tail_len[batches]
+        self.alive[first:rows] = True
+        self.parts[:, first:rows] = np.nan if parts is None else parts
+        self.slack[:, first:rows] = 0.0
+        self.head32[first:rows] = fr.head32[batches]
+        np.take(fr.tok, at, out=self.tok[self.used : used])
+        np.take(fr.cnt, at, out=self.cnt[self.used : used])
+        np.take(fr.ca, at, out=self.ca[self.used : used])
+        self.used, self.n, self.live = used, rows, self.live + k
+        self.tail_entries += int(fr.tail_len[batches].sum())
+        row_of = np.full(len(fr.start), -1, np.int64)  # batch in file -> pool row
+        row_of[batches] = np.arange(first, rows)
+        mine = row_of[fr.rare_batch] >= 0
+        self._pending.append(
+            (fr.rare_tok[mine], row_of[fr.rare_batch[mine]], fr.rare_cnt[mine], fr.rare_ca[mine])
+        )
+
+    def index(self) -> None:
+        """Take the rare entries of the files added since into the by-token index: a counting
+        sort into an empty index, else one insertion of them all (each file's entries come
+        sorted by token; within a token, entries stay in the order they were added)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        vocab = len(self.rare_start) - 1
+        counts = [np.bincount(p[0], minlength=vocab) for p in pending]
+        if len(self.rare_row) == 0:
+            total = np.sum(counts, axis=0)
+            cursor = np.cumsum(total) - total
+            size = int(total.sum())
+            row, cnt, ca = np.empty(size, np.int64), np.empty(size), np.empty(size)
+            for (tok, r, c, a), n in zip(pending, counts, strict=True):
+                at = cursor[tok] + np.arange(len(tok)) - np.searchsorted(tok, tok)
+                row[at], cnt[at], ca[at] = r, c, a
+                cursor += n
+            self.rare_row, self.rare_cnt, self.rare_ca = row, cnt, ca
+        else:
+            tok = np.concatenate([p[0] for p in pending])
+            order = np.argsort(tok, kind="stable")
+            where = self.rare_start[tok[order] + 1]  # each at the end of its token's run
+            for name, k in (("rare_row", 1), ("rare_cnt", 2), ("rare_ca", 3)):
+                values = np.concatenate([p[k] for p in pending])[order]
+                setattr(self, name, np.insert(getattr(self, name), where, values))
+            counts = [np.bincount(tok, minlength=vocab)]
+        self.rare_start[1:] += np.cumsum(np.sum(counts, axis=0))
+
+    def compact(self) -> None:
+        """Drop the dead rows: the living keep their order (buffer order), entries, head rows,
+        kept sums and rare entries. Room is left for as many again, as files keep coming."""
+        n, vocab = self.n, len(self.rare_start) - 1
+        live = np.flatnonzero(self.alive[:n])
+        renumber = np.full(n, -1, np.int64)
+        renumber[live] = np.arange(len(live))
+        lengths = self.head_len[:n] + self.tail_len[:n]
+        keep = np.repeat(self.alive[:n], lengths)
+        rows, used = len(live), int(lengths[live].sum())
+
+        def room(array: np.ndarray, values: np.ndarray, size: int, axis: int = 0) -> np.ndarray:
+            shape = list(values.shape)
+            shape[axis] = 2 * size + 16
+            out = np.empty(shape, array.dtype)
+            out[(slice(None),) * axis + (slice(0, size),)] = values
+            return out
+
+        self.tok = room(self.tok, self.tok[: self.used][keep], used)
+        self.cnt = room(self.cnt, self.cnt[: self.used][keep], used)
+        self.ca = room(self.ca, self.ca[: self.used][keep], used)
+        self.start = room(self.start, np.cumsum(lengths[live]) - lengths[live], rows)
+        self.head_len = room(self.head_len, self.head_len[live], rows)
+        self.tail_len = room(self.tail_len, self.tail_len[live], rows)
+        self.alive = room(self.alive, np.ones(rows, bool), rows)
+        self.parts = room(self.parts, self.parts[:, live], rows, axis=1)
+        self.slack = room(self.slack, self.slack[:, live], rows, axis=1)
+        self.head32 = room(self.head32, self.head32[live], rows)
+        self.n = self.live = rows
+        self.used = used
+        self.tail_entries = int(self.tail_len[:rows].sum())
+        renumbered = renumber[self.rare_row]
+        kept = renumbered >= 0
+        rare_tok = np.repeat(np.arange(vocab), np.diff(self.rare_start))[kept]
+        self.rare_row = renumbered[kept]
+        self.rare_cnt, self.rare_ca = self.rare_cnt[kept], self.rare_ca[kept]
+        self.rare_start = np.zeros(vocab + 1, np.int64)
+        np.cumsum(np.bincount(rare_tok, minlength=vocab), out=self.rare_start[1:])
+
+    def kill(self, rows: np.ndarray) -> None:
+        rows = rows[self.alive[rows]]
+        self.alive[rows] = False
+        self.live -= len(rows)
+
+    def tighten(
+        self,
+        ids: np.ndarray,
+        counts: np.ndarray,
+        served_before: np.ndarray,
+        eps_before: float,
+        eps_after: float,
+        rare: np.ndarray,
+    ) -> None:
+        """A batch holding (ids, counts) was served: lower the kept tail sums of the rows that
+        share its rare tokens by what that certainly took from them, keeping them bounds.
+
+        A token not served before leaves the unseen sums (exactly its count * corpus and
+        count) and joins the served ones at its new g. One served before had, in any kept
+        sum, a g of at least 1 / (served_before + eps_before); it now has at most
+        1 / (served_after + eps_after); the difference comes off."""
+        pick = rare[ids]
+        toks, cp = ids[pick], counts[pick]
+        lo = self.rare_start[toks]
+        lens = self.rare_start[toks + 1] - lo
+        entries = _ranges(lo, lens)
+        if len(entries) == 0:
+            return
+        tok = np.repeat(np.arange(len(toks)), lens)
+        rows = self.rare_row[entries]
+        s_old = served_before[toks].astype(np.float64)
+        g_new = 1.0 / (s_old + cp + eps_after)
+        unseen = s_old == 0
+        drop = np.where(unseen, 0.0, (1.0 / (s_old + eps_before) - g_new) * (1 - _TIGHTEN_SLACK))
+        gain = np.where(unseen, g_new * (1 + _TIGHTEN_SLACK), 0.0)
+        cnt, ca = self.rare_cnt[entries], self.rare_ca[entries]
+        u = unseen[tok].astype(np.float64)
+        change = gain[tok] - drop[tok]
+        n = self.n
+        self.parts[0, :n] -= np.bincount(rows, ca * u, minlength=n)
+        self.parts[1, :n] -= np.bincount(rows, cnt * u, minlength=n)
+        self.parts[2, :n] += np.bincount(rows, ca * change, minlength=n)
+        self.parts[3, :n] += np.bincount(rows, cnt * change, minlength=n)
+
+
+class Weights:
+    """Per-token factors for one state of `served` and one alpha, shared by every row."""
+
+    def __init__(
+        self,
+        corpus: np.ndarray,
+        classes: TokenClasses,
+        served: np.ndarray,
+        served_tokens: int,
+        alpha: float,
+    ) -> None:
+        vocab = len(corpus)
+        self.alpha = alpha
+        self.vocab = vocab
+        eps = _EPS * (served_tokens + 1)
+        self.inv_eps = 1.0 / eps
+        g = 1.0 / (served + eps)
+        unseen = served == 0
+        self.unseen = unseen.astype(np.float64)  # 1 for a token not served yet, else 0
+        self.g_seen = np.where(unseen, 0.0, g)  # g of a served token, else 0
+        head = classes.head
+        w_head = ((1.0 - alpha) * corpus[head] + alpha / vocab) * g[head]
+        w32 = w_head.astype(np.float32)
+        low = w32.astype(np.float64) < w_head
+        w32[low] = np.nextafter(w32[low], np.float32(np.inf))
+        self.w32 = w32  # w on the head, in column order, rounded up to float32
+
+    def tail_value(self, parts: np.ndarray) -> np.ndarray:
+        """The score, or its tail part, from the four sums (4 x n)."""
+        za, zu, sa, su = parts
+        a = self.alpha
+        return (1.0 - a) * (za * self.inv_eps + sa) + a * (zu * self.inv_eps + su) / self.vocab
+
+
+def head_bounds(pool: Pool, weights: Weights) -> np.ndarray:
+    """An upper bound of every row's head part: float32 counts @ rounded-up float32 weights,
+    one product per block of _HEAD_BLOCK columns, each widened by the worst rounding of a
+    float32 dot product of that many nonnegative terms, summed in float64."""
+    import torch  # the composer process has it; its matrix-vector product honours one thread
+
+    width = pool.head32.shape[1]
+    if width == 0 or pool.n == 0:
+        return np.zeros(pool.n)
+    matrix = torch.from_numpy(pool.head32[: pool.n])
+    w32 = torch.from_numpy(weights.w32)
+    total = np.zeros(pool.n)
+    for lo in range(0, width, _HEAD_BLOCK):
+        hi = min(lo + _HEAD_BLOCK, width)
+        gamma = (hi - lo) * _U32 / (1.0 - (hi - lo) * _U32)
+        part = torch.mv(matrix[:, lo:hi], w32[lo:hi]).numpy().astype(np.float64)
+        total += part * (1.0 + 2.0 * gamma)
+    return total * (1.0 + 1e-15) + 1e-30
+
+
+def _sums(
+    tok: np.ndarray,
+    cnt: np.ndarray,
+    ca: np.ndarray,
+    head_len: np.ndarray,
+    tail_len: np.ndarray,
+    weights: Weights,
+) -> np.ndarray:
+    """The four sums (4 x 2k: head, tail, head, tail, ...) of k rows whose entries are given
+    back to back: count * corpus and count over the tokens not served yet, count * corpus * g
+    and count * g over the others. Each is summed over exactly its segment's entries, in a
+    fixed order, so a row's sums are the same bits wherever the row stands."""
+    products = np.empty((4, len(tok) + 1))  # a spare last column: a dummy segment's start
+    products[:, -1] = 0.0
+    unseen, g = weights.unseen[tok], weights.g_seen[tok]
+    np.multiply(ca, unseen, out=products[0, :-1])
+    np.multiply(cnt, unseen, out=products[1, :-1])
+    np.multiply(ca, g, out=products[2, :-1])
+    np.multiply(cnt, g, out=products[3, :-1])
+    lens = np.empty(2 * len(head_len), np.int64)
+    lens[0::2], lens[1::2] = head_len, tail_len
+    starts = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=starts[1:])
+    sums = np.add.reduceat(products, starts, axis=1)[:, :-1]
+    sums[:, lens == 0] = 0.0
+    return sums
+
+
+def exact(pool: Pool, weights: Weights, rows: np.ndarray | None = None) -> np.ndarray:
+    """Exact scores of `rows` (every row when None); their tail sums are kept, fresh.
+
+    Per row, the four sums (_sums) over its head entries and over its tail entries; the
+    score mixes their totals. A batch none of whose tokens was served scores
+    count * target / eps to the last bit, so such batches of equal size tie exactly, and the
+    oldest is picked. Rows go in blocks of about _BLOCK entries, so that the temporaries
+    stay in cache."""
+    if rows is None:
+        rows = np.arange(pool.n)
+    lens = pool.head_len[rows] + pool.tail_len[rows]
+    total = int(lens.sum())
+    cuts = [0, len(rows)]
+    if total > _BLOCK:
+        inner = np.searchsorted(np.cumsum(lens), np.arange(_BLOCK, total, _BLOCK))
+        cuts = [0, *inner.tolist(), len(rows)]
+    sums = np.empty((4, 2 * len(rows)))
+    for lo, hi in itertools.pairwise(cuts):
+        block = rows[lo:hi]
+        if len(block) == 0:
+            continue
+        first, last = int(block[0]), int(block[-1])
+        if last - first == len(block) - 1 and bool(np.all(np.diff(block) == 1)):
+            # consecutive rows: their entries are one slice
+            at: slice | np.ndarray = slice(
+                int(pool.start[first]), int(pool.start[last] + lens[hi - 1])
+            )
+        else:
+            at = _ranges(pool.start[block], lens[lo:hi])
+        sums[:, 2 * lo : 2 * hi] = _sums(
+            pool.tok[at],
+            pool.cnt[at],
+            pool.ca[at],
+            pool.head_len[block],
+            pool.tail_len[block],
+            weights,
+        )
+    tail = sums[:, 1::2]
+    pool.parts[:, rows] = tail
+    pool.slack[:, rows] = _KEPT_SLACK * np.stack(
+        [tail[0], tail[1], tail[2] + tail[0], tail[3] + tail[1]]
+    )
+    return weights.tail_value(sums[:, 0::2] + tail)
+
+
+def bounds(pool: Pool, weights: Weights) -> np.ndarray:
+    """Every row's upper bound of its exact score: the head's, plus the kept tail sums'."""
+    n = pool.n
+    head = head_bounds(pool, weights)
+    if pool.tail_entries == 0:  # every token is a head token (a small vocabulary)
+        return head
+    tail = weights.tail_value(pool.parts[:, :n] + pool.slack[:, :n])
+    tail[np.isnan(pool.parts[0, :n])] = np.inf  # no sums kept yet: scored exactly first
+    return head + tail
+
+
+def best(pool: Pool, weights: Weights) -> tuple[float, int] | None:
+    """(score, pool row) of the alive row of the highest exact score, the lowest row (the
+    oldest) on a tie; None when no row is alive. The rows of the highest bounds are scored
+    exactly, in growing rounds, until no bound left reaches the best exact score."""
+    if pool.live == 0:
+        return None
+    bound = bounds(pool, weights)
+    bound[~pool.alive[: pool.n]] = -np.inf
+    top, top_row = -np.inf, -1
+    chunk = _FIRST_CHUNK
+    while True:
+        if chunk < pool.n:
+            rows = np.argpartition(-bound, chunk - 1)[:chunk]
+        else:
+            rows = np.arange(pool.n)
+        rows = rows[bound[rows] > -np.inf]
+        scores = exact(pool, weights, rows)
+        m = float(scores.max())
+        if m >= top:
+            first = int(rows[scores == m].min())
+            top_row = first if m > top else min(top_row, first)
+            top = m
+        bound[rows] = -np.inf
+        if float(bound.max()) < top:
+            return top, top_row
+        chunk *= 2
