@@ -22,8 +22,10 @@ COPY proto ./proto
 COPY client ./client
 COPY server ./server
 COPY providers ./providers
-# Extras beyond "text": docker-compose.yml's `ray` profile builds with EXTRAS="text,ray".
-ARG EXTRAS="text"
+# "remote" lets inputs be s3://, gs:// or https:// URLs (docs/providers/inputs.md); add "hf"
+# for Hugging Face datasets and tiktoken (--build-arg EXTRAS=text,remote,hf). The compose
+# file's `ray` profile builds with EXTRAS="text,remote,ray".
+ARG EXTRAS="text,remote"
 RUN pip install ".[${EXTRAS}]"
 
 # /config holds the config file and the inputs it names (mounted from the host); /data is the

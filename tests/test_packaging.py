@@ -125,6 +125,8 @@ def test_dockerfile_installs_cpu_torch_from_the_cpu_index() -> None:
     assert text.index(step) < text.index("COPY client")
     assert "EXPOSE 50051 50052" in text and "queue-server" in text and "HEALTHCHECK" in text
     assert "USER batchqueue" in text  # the server does not run as root
+    # Inputs at s3:// or https:// URLs work in the default image.
+    assert set(args["EXTRAS"].split(",")) >= {"text", "remote"}
 
 
 def test_dockerignore_keeps_data_environments_and_caches_out() -> None:
@@ -253,7 +255,7 @@ def test_ray_profile_runs_a_head_a_ray_provider_and_a_trainer_without_the_data_v
     for service in (head, provider, trainer):
         assert service["profiles"] == ["ray"]
         assert service["image"] == "batchqueue:ray"
-        assert service["build"]["args"]["EXTRAS"] == "text,ray"  # the image has Ray in it
+        assert service["build"]["args"]["EXTRAS"] == "text,remote,ray"  # Ray in the image
     assert head["command"][:3] == ["ray", "start", "--head"] and "--block" in head["command"]
     port = next(a for a in head["command"] if a.startswith("--port=")).split("=")[1]
 
