@@ -12,7 +12,8 @@ it (one copy_ per field, reading a quarter of the bytes memcpy reads), copy=True
 fresh memory, and zero-copy views are views of the file decoded once by the prefetch thread.
 
 "Steady in a file" excludes the file boundary, whose cost is row 3's subject; "amortised"
-reads many files back to back, so it is bound by how fast the provider writes files: row 5.
+reads many files back to back, so it is bound by how fast the provider writes files (row 5):
+the zero-copy datasets run AMORTISED_WORKERS provider workers, and 1c's goal is 3x nanoGPT.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SHAPES = ((12, 1024), (64, 256))
 BACKLOG = 2
 DATALOADER_WORKERS = 2
 NANOGPT_GOAL, DATALOADER_GOAL, COPY_GOAL = 50.0, 100.0, 1.3
+AMORTISED_WORKERS, AMORTISED_GOAL = 2, 3.0
 
 
 def _shapes(settings: Settings) -> tuple[tuple[int, int], ...]:
@@ -56,6 +58,7 @@ def servers(settings: Settings, tokens: Tokens) -> list[ServerSpec]:
             block_size=t,
             batches_per_file=nb,
             backlog=BACKLOG,
+            workers=1 if copy else AMORTISED_WORKERS,
         )
         for b, t in _shapes(settings)
         for copy in (False, True)
@@ -200,7 +203,8 @@ def _rows(
         ),
         Result(
             "1",
-            f"get_batch {shape}, amortised over {files} files of {nb} (provider-bound)",
+            f"get_batch {shape}, amortised over {files} files of {nb}, "
+            f"{AMORTISED_WORKERS} provider workers",
             amortised,
             "µs/batch",
             "nanoGPT get_batch",
@@ -208,8 +212,8 @@ def _rows(
             "µs/batch",
             nano / amortised,
             "x faster",
-            "info",
-            None,
+            f">= {AMORTISED_GOAL:g}x" if (b, t) == SHAPES[0] else "info",
+            nano / amortised >= AMORTISED_GOAL if (b, t) == SHAPES[0] else None,
             f"boundaries included: the provider's {fmt(1e6 / amortised)} batches/s sets it (row 5)",
         ),
         Result(

@@ -207,7 +207,12 @@ def test_the_whole_cluster_gone_and_back_without_a_server_restart(
     rows += read_batches(
         server, "chars", 3 * BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl")
     )
-    wait_until(lambda: health(server, "chars") == NOT_SERVING, 60, "chars to turn NOT_SERVING")
+    try:
+        wait_until(lambda: health(server, "chars") == NOT_SERVING, 60, "chars to turn NOT_SERVING")
+    except TimeoutError as exc:  # say what the server was doing meanwhile
+        raise AssertionError(
+            f"{exc}; stats {server.stats('chars')}\nserver log ends:\n{server.log_tail()}"
+        ) from None
     stats = server.stats("chars")
     assert stats["state"] == "unavailable", stats
     assert head.address in stats["last_error"], stats["last_error"]
