@@ -19,9 +19,10 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/queue-server $(ARGS)
 
-# Tests run in parallel processes (pytest-xdist, one per core; TEST_WORKERS=0 for one
-# process); the Ray tests share one worker and one cluster.
-TEST_WORKERS ?= auto
+# Tests run in parallel processes (pytest-xdist: one per usable core, at most 4, since each
+# test starts servers with worker processes of their own; TEST_WORKERS=0 for one process).
+# The Ray tests share one of them and one cluster.
+TEST_WORKERS ?= $(shell python3 -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
 test: setup

@@ -87,7 +87,7 @@ RAY_FIXTURES = ("ray_cluster", "ray_head")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs -n auto --dist loadgroup) every test that uses a
+    """Under pytest-xdist (`make test` runs -n N --dist loadgroup) every test that uses a
     Ray cluster runs in one worker process, so the run starts one session cluster, not one per
     worker, and two clusters never compete for the same cores."""
     for item in items:
