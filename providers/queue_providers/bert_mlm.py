@@ -1,6 +1,7 @@
 """bert_mlm: BERT's masked-language-model objective over a local text corpus.
 
-The corpus (non-blank lines of the input files) is tokenized once with a WordPiece vocab
+The corpus (non-blank lines of the input files, or of the text_column of a Hugging Face
+dataset's rows, `hf_dataset`) is tokenized once with a WordPiece vocab
 (vocab.txt or tokenizer.json; `python -m queue_providers.train_wordpiece` trains one) and the
 ids are cached under the dataset dir, so worker processes map them instead of tokenizing again.
 
@@ -28,12 +29,14 @@ import torch
 from queue_client.errors import ConfigError
 from queue_providers.base import ProviderContext
 from queue_providers.compact import labels, pad_mask, second_segment, token_ids
+from queue_providers.tokenized.hf_rows import TEXT, Column, HFRows, column_names
 from queue_providers.tokenized.provider import SPLITS, Arrays, TokenizedProvider
 from queue_providers.tokenized.ragged import encode_texts
 from queue_providers.tokenized.rows import IGNORE_INDEX, pair_rows, single_rows
 from queue_providers.tokenized.wordpiece import BERT_SPECIALS, MASK, PAD, SEP
 
 WHO = "bert_mlm"
+HF_COLUMNS = {"text_column": "text"}
 
 
 def _probability(name: str, value: Any, *, open_low: bool = False) -> float:
@@ -55,6 +58,13 @@ def read_lines(paths: Sequence[Path]) -> list[str]:
     return lines
 
 
+def text_lines(texts: Sequence[str]) -> list[str]:
+    """The non-blank lines of texts, stripped, in order: what read_lines gives for a file of
+    them (every line break, "\r\n", "\r" or "\n", ends a line, as open() reads them)."""
+    joined = "\n".join(texts).replace("\r\n", "\n").replace("\r", "\n")
+    return [s for line in joined.split("\n") if (s := line.strip())]
+
+
 class BertMLMProvider(TokenizedProvider[str]):
     """Masked-LM batches: input_ids, attention_mask, labels (+ token_type_ids with pairs)."""
 
@@ -64,7 +74,7 @@ class BertMLMProvider(TokenizedProvider[str]):
         self,
         context: ProviderContext,
         *,
-        input: str | Sequence[str],
+        input: str | Sequence[str] | None = None,
         tokenizer: str,
         block_size: int = 128,
         val_input: str | Sequence[str] | None = None,
@@ -75,7 +85,14 @@ class BertMLMProvider(TokenizedProvider[str]):
         mask_replace: float = 0.8,
         random_replace: float = 0.1,
         remote: dict[str, Any] | None = None,
+        hf_dataset: str | None = None,
+        hf_splits: Mapping[str, str] | None = None,
+        hf_config: str | None = None,
+        hf_revision: str | None = None,
+        text_column: str | None = None,
     ) -> None:
+        given = {"text_column": text_column}
+        self.hf_columns = column_names(WHO, hf_dataset, given, HF_COLUMNS)
         self.pairs = bool(pairs)
         self.mlm_probability = _probability("mlm_probability", mlm_probability, open_low=True)
         self.mask_replace = _probability("mask_replace", mask_replace)
@@ -95,6 +112,10 @@ class BertMLMProvider(TokenizedProvider[str]):
             remote=remote,
             min_block_size=5 if self.pairs else 3,
             require=BERT_SPECIALS,
+            hf_dataset=hf_dataset,
+            hf_splits=hf_splits,
+            hf_config=hf_config,
+            hf_revision=hf_revision,
         )
         # Masking looks ids up in tables over the vocab rather than searching a list per token.
         self._is_special = np.zeros(self.tok.vocab_size, dtype=bool)
@@ -106,6 +127,14 @@ class BertMLMProvider(TokenizedProvider[str]):
     # ---- corpus --------------------------------------------------------------------------------
     def read(self, paths: Sequence[Path]) -> list[str]:
         return read_lines(paths)
+
+    def read_rows(self, rows: HFRows, split: str) -> list[str]:
+        """The non-blank lines of every row's text, as if the rows were one text file."""
+        column = Column("text_column", self.hf_columns["text_column"], TEXT)
+        return text_lines(rows.read(split, [column])["text_column"])
+
+    def cache_parts(self) -> tuple[object, ...]:
+        return self.hf_parts()
 
     def split_items(self, items: list[str]) -> dict[str, list[str]]:
         # Lines of running text: the first train_fraction of them, in order, is train.

@@ -1,4 +1,5 @@
-"""classification: (text, label) examples from JSONL or CSV, as fixed-width token rows.
+"""classification: (text, label) examples from JSONL or CSV files, or the rows of a Hugging
+Face dataset (`hf_dataset`, its text_column and label_column), as fixed-width token rows.
 
 Each row is [CLS] text [SEP] [PAD]..., the text truncated to block_size-2 tokens. Labels are
 mapped to ids by `label_map` (given in config, or the sorted labels found in the data) and the
@@ -24,6 +25,7 @@ import torch
 from queue_client.errors import ConfigError
 from queue_providers.base import ProviderContext
 from queue_providers.compact import class_ids, pad_mask, token_ids
+from queue_providers.tokenized.hf_rows import LABEL, TEXT, Column, HFRows, column_names
 from queue_providers.tokenized.labels import derive_label_map, parse_label_map
 from queue_providers.tokenized.provider import Arrays, TokenizedProvider
 from queue_providers.tokenized.ragged import encode_texts
@@ -31,6 +33,7 @@ from queue_providers.tokenized.wordpiece import PAD
 
 WHO = "classification"
 SAMPLINGS = ("uniform", "stratified")
+HF_COLUMNS = {"text_column": "text", "label_column": "label"}
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 
 
@@ -111,7 +114,7 @@ class ClassificationProvider(TokenizedProvider[Example]):
         self,
         context: ProviderContext,
         *,
-        input: str | Sequence[str],
+        input: str | Sequence[str] | None = None,
         tokenizer: str,
         block_size: int = 128,
         val_input: str | Sequence[str] | None = None,
@@ -123,9 +126,19 @@ class ClassificationProvider(TokenizedProvider[Example]):
         sampling: str = "uniform",
         lowercase: bool | None = None,
         remote: dict[str, Any] | None = None,
+        hf_dataset: str | None = None,
+        hf_splits: Mapping[str, str] | None = None,
+        hf_config: str | None = None,
+        hf_revision: str | None = None,
+        text_column: str | None = None,
+        label_column: str | None = None,
     ) -> None:
         if format is not None and format not in ("jsonl", "csv", "tsv"):
             raise ConfigError(f"{WHO}: format must be 'jsonl', 'csv' or 'tsv', got {format!r}")
+        if format is not None and hf_dataset is not None:
+            raise ConfigError(f"{WHO}: format applies to `input` only: hf_dataset knows its format")
+        given = {"text_column": text_column, "label_column": label_column}
+        self.hf_columns = column_names(WHO, hf_dataset, given, HF_COLUMNS)
         self.format = format
         self.text_field, self.label_field = text_field, label_field
         if sampling not in SAMPLINGS:
@@ -141,6 +154,10 @@ class ClassificationProvider(TokenizedProvider[Example]):
             train_fraction=train_fraction,
             lowercase=lowercase,
             remote=remote,
+            hf_dataset=hf_dataset,
+            hf_splits=hf_splits,
+            hf_config=hf_config,
+            hf_revision=hf_revision,
         )
 
     # ---- examples ---------------------------------------------------------------------------
@@ -150,6 +167,19 @@ class ClassificationProvider(TokenizedProvider[Example]):
             for p in paths
             for e in read_examples(p, self.text_field, self.label_field, self.format)
         ]
+
+    def read_rows(self, rows: HFRows, split: str) -> list[Example]:
+        """One example per row; integer labels become their decimal string, as in JSONL."""
+        cols = self.hf_columns
+        values = rows.read(
+            split,
+            [
+                Column("text_column", cols["text_column"], TEXT),
+                Column("label_column", cols["label_column"], LABEL),
+            ],
+        )
+        pairs = zip(values["text_column"], values["label_column"], strict=True)
+        return [Example(t, str(y), rows.where(split, i)) for i, (t, y) in enumerate(pairs)]
 
     def shared_info(self, items: Sequence[Example]) -> dict[str, Any]:
         label_map = self.config_label_map or derive_label_map(e.label for e in items)
@@ -189,7 +219,7 @@ class ClassificationProvider(TokenizedProvider[Example]):
     def cache_parts(self) -> tuple[object, ...]:
         return (
             self.text_field, self.label_field, self.format, self.config_label_map,
-            self.block_size,
+            self.block_size, *self.hf_parts(),
         )  # fmt: skip
 
     # ---- meta --------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Hugging Face datasets as a text_lm corpus: which files hold each split, in which format.
+"""Hugging Face datasets as a provider's input (text_lm, and the tokenized providers): which
+files hold each split, in which format.
 
 `hf_dataset` is one of
   - a directory written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk`: its Arrow
@@ -38,7 +39,14 @@ STATE_FILE = "state.json"
 SPLIT_KEYS = ("train", "val")
 # The `datasets` builders whose files text_lm reads, and as which format.
 BUILDER_FORMATS = {"parquet": "parquet", "json": "jsonl", "arrow": "arrow"}
-WHO = "text_lm hf_dataset"
+
+
+def _hints(who: str) -> tuple[str, str]:
+    """What a message offers `who` instead: its key for plain files, and how it takes val from
+    train when hf_splits maps no val."""
+    if who == "text_lm":
+        return "`source`", "eval_take"
+    return "`input`", "train_fraction"
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ class HFCorpus:
     info: dict[str, Any] = field(default_factory=dict)  # what meta records about the source
 
 
-def check_splits(splits: object) -> dict[str, str]:
+def check_splits(splits: object, who: str = "text_lm") -> dict[str, str]:
     """hf_splits as {"train": NAME} or {"train": NAME, "val": NAME}, two different names."""
     if splits is None:
         return {"train": "train"}
@@ -58,19 +66,23 @@ def check_splits(splits: object) -> dict[str, str]:
         isinstance(v, str) and v for v in splits.values()
     ):
         raise ConfigError(
-            f"text_lm hf_splits must be a table of text_lm split to dataset split, such as "
+            f"{who} hf_splits must be a table of {who} split to dataset split, such as "
             f'{{train = "train", val = "validation"}}, got {splits!r}'
         )
     unknown = sorted(set(splits) - set(SPLIT_KEYS))
     if unknown or "train" not in splits:
         raise ConfigError(
-            f"text_lm hf_splits maps {sorted(splits)}: it must map 'train', and may map 'val' "
+            f"{who} hf_splits maps {sorted(splits)}: it must map 'train', and may map 'val' "
             "(no other split names)"
         )
     if splits.get("val") == splits["train"]:
         raise ConfigError(
-            f"text_lm hf_splits maps train and val to the same split {splits['train']!r}: leave "
-            "val out, and eval_take takes val from the front of train"
+            f"{who} hf_splits maps train and val to the same split {splits['train']!r}: leave "
+            + (
+                "val out, and eval_take takes val from the front of train"
+                if who == "text_lm"
+                else f"val out, and {_hints(who)[1]} cuts val from train"
+            )
         )
     return {k: str(splits[k]) for k in SPLIT_KEYS if k in splits}
 
@@ -82,32 +94,35 @@ def open_hf_dataset(
     config: str | None = None,
     revision: str | None = None,
     store: RemoteStore | None = None,
+    who: str = "text_lm",
 ) -> HFCorpus:
-    """The corpus files of a Hugging Face dataset; ConfigError naming what is wrong."""
+    """The corpus files of a Hugging Face dataset; ConfigError naming what is wrong. `who`
+    (the provider) starts every message."""
+    label = f"{who} hf_dataset"
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"{WHO} must be a directory or a Hub dataset name, got {name!r}")
-    mapping = check_splits(splits)
+        raise ConfigError(f"{label} must be a directory or a Hub dataset name, got {name!r}")
+    mapping = check_splits(splits, who)
     if is_url(name):
         raise ConfigError(
-            f"{WHO} {name!r} is a URL: give the files of a dataset at a URL as `source` (a glob "
-            "of Parquet or JSONL), or a Hub dataset by its name"
+            f"{label} {name!r} is a URL: give the files of a dataset at a URL as "
+            f"{_hints(who)[0]} (a glob of Parquet or JSONL), or a Hub dataset by its name"
         )
     directory = local_path(name)
     if directory.is_dir():
         if (directory / DATASET_DICT_FILE).is_file() or (directory / STATE_FILE).is_file():
-            by_split, info = _saved(directory, mapping)
+            by_split, info = _saved(directory, mapping, who)
         else:
-            by_split, info = _data_files(str(directory), mapping, config, None, store)
+            by_split, info = _data_files(str(directory), mapping, config, None, store, who)
     else:
         if "://" in name or name.startswith(("/", ".", "~")):
-            raise ConfigError(f"{WHO} {name!r} is not a directory")
-        by_split, info = _data_files(name, mapping, config, revision, store)
+            raise ConfigError(f"{label} {name!r} is not a directory")
+        by_split, info = _data_files(name, mapping, config, revision, store, who)
     train, val = by_split["train"], by_split.get("val")
     if val is not None:
         shared = {str(f.path) for f in train} & {str(f.path) for f in val}
         if shared:
             raise ConfigError(
-                f"{WHO} {name!r}: splits {mapping['train']!r} and {mapping['val']!r} share "
+                f"{label} {name!r}: splits {mapping['train']!r} and {mapping['val']!r} share "
                 f"files {sorted(shared)[:3]}, so train and val would share documents"
             )
     files = [*(val or []), *train]
@@ -116,7 +131,7 @@ def open_hf_dataset(
 
 # ---- save_to_disk ---------------------------------------------------------------------------
 def _saved(
-    directory: Path, mapping: Mapping[str, str]
+    directory: Path, mapping: Mapping[str, str], who: str
 ) -> tuple[dict[str, list[SourceFile]], dict[str, Any]]:
     """A save_to_disk directory: a DatasetDict (dataset_dict.json, a folder per split) or one
     Dataset (state.json at the top: its one split, under any name the mapping gives it)."""
@@ -129,15 +144,17 @@ def _saved(
         for ours, theirs in mapping.items():
             if theirs not in available:
                 raise ConfigError(
-                    f"{WHO} {str(directory)!r} has no split {theirs!r} (hf_splits.{ours}); it "
+                    f"{who} hf_dataset {str(directory)!r} has no split {theirs!r} "
+                    f"(hf_splits.{ours}); it "
                     f"has {available}"
                 )
             split_dirs[ours] = directory / theirs
     else:
         if "val" in mapping:
             raise ConfigError(
-                f"{WHO} {str(directory)!r} holds one Dataset, not a DatasetDict, so it has no "
-                "second split for val: leave hf_splits.val out (val is then eval_take of it)"
+                f"{who} hf_dataset {str(directory)!r} holds one Dataset, not a DatasetDict, so "
+                "it has no second split for val: leave hf_splits.val out (val is then "
+                f"{_hints(who)[1]} of it)"
             )
         split_dirs = {"train": directory}
     by_split: dict[str, list[SourceFile]] = {}
@@ -173,13 +190,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 # ---- data files (a local folder or the Hub) -----------------------------------------------
-def _datasets() -> Any:
+def _datasets(who: str) -> Any:
     try:
         import datasets
     except ImportError:
         raise ConfigError(
-            f"{WHO} names a folder of data files or a Hub dataset, which needs the `datasets` "
-            f"package to find each split's files: {HF_EXTRA_HINT}"
+            f"{who} hf_dataset names a folder of data files or a Hub dataset, which needs the "
+            f"`datasets` package to find each split's files: {HF_EXTRA_HINT}"
         ) from None
     return datasets
 
@@ -190,30 +207,35 @@ def _data_files(
     config: str | None,
     revision: str | None,
     store: RemoteStore | None,
+    who: str,
 ) -> tuple[dict[str, list[SourceFile]], dict[str, Any]]:
-    datasets = _datasets()
+    datasets = _datasets(who)
+    label = f"{who} hf_dataset"
     hub = not Path(name).is_dir()
     if hub:
-        revision = _hub_revision(name, revision)
+        revision = _hub_revision(name, revision, who)
     try:
         builder = datasets.load_dataset_builder(name, config, revision=revision)
     except Exception as exc:
-        raise ConfigError(f"{WHO} {name!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
+        raise ConfigError(
+            f"{label} {name!r} cannot be loaded: {type(exc).__name__}: {exc}"
+        ) from None
     fmt = BUILDER_FORMATS.get(str(builder.name))
     if fmt is None:
         raise ConfigError(
-            f"{WHO} {name!r} is a {builder.name!r} dataset; text_lm reads the files of "
-            f"{sorted(BUILDER_FORMATS)} datasets (for text files use `source` with a separator)"
+            f"{label} {name!r} is a {builder.name!r} dataset; {who} reads the files of "
+            f"{sorted(BUILDER_FORMATS)} datasets"
+            + (" (for text files use `source` with a separator)" if who == "text_lm" else "")
         )
     available = {str(k): list(v) for k, v in (builder.config.data_files or {}).items()}
     by_split = {}
     for ours, theirs in mapping.items():
         if theirs not in available:
             raise ConfigError(
-                f"{WHO} {name!r} has no split {theirs!r} (hf_splits.{ours}); it has "
+                f"{label} {name!r} has no split {theirs!r} (hf_splits.{ours}); it has "
                 f"{sorted(available)}"
             )
-        by_split[ours] = _files(available[theirs], fmt, hub, store)
+        by_split[ours] = _files(available[theirs], fmt, hub, store, who)
     info = {
         "kind": "hub" if hub else "data_files",
         "builder": str(builder.name),
@@ -226,26 +248,28 @@ def _data_files(
 
 
 def _files(
-    names: Sequence[str], fmt: str, hub: bool, store: RemoteStore | None
+    names: Sequence[str], fmt: str, hub: bool, store: RemoteStore | None, who: str
 ) -> list[SourceFile]:
     if not hub:
         return [source_file(Path(n).resolve(), fmt, one_doc_per_file=False) for n in sorted(names)]
     if fmt == "arrow":
         raise ConfigError(
-            f"{WHO}: the Hub dataset's files are Arrow, which text_lm memory-maps from local "
-            "disk only: save it with save_to_disk and give that directory"
+            f"{who} hf_dataset: the Hub dataset's files are Arrow, which {who} memory-maps "
+            "from local disk only: save it with save_to_disk and give that directory"
         )
     store = store or RemoteStore()
     return [source_file(store.stat(n), fmt, one_doc_per_file=False) for n in sorted(names)]
 
 
-def _hub_revision(name: str, revision: str | None) -> str:
+def _hub_revision(name: str, revision: str | None, who: str) -> str:
     """The commit `revision` (default: main) of Hub dataset `name` is at: asked once, with a
     short timeout, so an offline machine fails at once with a clear message."""
     try:
         from huggingface_hub import HfApi
     except ImportError:
-        raise ConfigError(f"{WHO} {name!r} names a Hub dataset: {HF_EXTRA_HINT}") from None
+        raise ConfigError(
+            f"{who} hf_dataset {name!r} names a Hub dataset: {HF_EXTRA_HINT}"
+        ) from None
     try:
         info = HfApi().dataset_info(name, revision=revision, timeout=10)
     except Exception as exc:
@@ -257,8 +281,8 @@ def _hub_revision(name: str, revision: str | None) -> str:
         else:
             why = f"the Hub cannot be reached ({kind}: {str(exc)[:200]})"
         raise ConfigError(
-            f"{WHO} {name!r} is not a local directory, so it names a Hugging Face Hub dataset, "
-            f"and {why}. Without the Hub, give a local copy: a directory written by "
+            f"{who} hf_dataset {name!r} is not a local directory, so it names a Hugging Face "
+            f"Hub dataset, and {why}. Without the Hub, give a local copy: a directory written by "
             "save_to_disk, or a folder of Parquet or JSONL files"
         ) from None
     return str(info.sha)

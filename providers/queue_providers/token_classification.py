@@ -1,5 +1,8 @@
 """token_classification: CoNLL-style tagged sentences (NER, POS, chunking) as token rows.
 
+Sentences come from CoNLL files (`input`), or from the rows of a Hugging Face dataset
+(`hf_dataset`): a list of words in tokens_column and a tag per word in tags_column.
+
 Input files hold one token per line with whitespace-separated columns (the token in
 token_column, its tag in tag_column), blank lines between sentences, and "-DOCSTART-" lines
 ignored. Every token line of a file must have the same number of columns (num_columns, or else
@@ -26,6 +29,7 @@ import torch
 from queue_client.errors import ConfigError
 from queue_providers.base import ProviderContext
 from queue_providers.compact import labels, pad_mask, token_ids
+from queue_providers.tokenized.hf_rows import TAGS, WORDS, Column, HFRows, column_names
 from queue_providers.tokenized.labels import derive_label_map, parse_label_map
 from queue_providers.tokenized.provider import Arrays, TokenizedProvider
 from queue_providers.tokenized.ragged import Ragged, encode_words
@@ -34,17 +38,20 @@ from queue_providers.tokenized.wordpiece import PAD
 
 WHO = "token_classification"
 DOCSTART = "-DOCSTART-"
+HF_COLUMNS = {"tokens_column": "tokens", "tags_column": "ner_tags"}
 
 
 @dataclass(frozen=True)
 class Sentence:
     words: list[str]
     tags: list[str]
-    path: Path
-    first_line: int  # tag k is on line first_line + k
+    origin: str  # its file, or its dataset row
+    first_line: int | None  # in a file, tag k is on line first_line + k
 
     def where(self, k: int) -> str:
-        return f"{self.path}:{self.first_line + k}"
+        if self.first_line is None:
+            return f"{self.origin} word {k}"
+        return f"{self.origin}:{self.first_line + k}"
 
 
 def check_columns(num_columns: int, token_column: int, tag_column: int, *, where: str) -> None:
@@ -71,7 +78,7 @@ def read_conll(
 
     def flush() -> None:
         if words:
-            sentences.append(Sentence(list(words), list(tags), path, first_line))
+            sentences.append(Sentence(list(words), list(tags), str(path), first_line))
             words.clear()
             tags.clear()
 
@@ -105,7 +112,7 @@ class TokenClassificationProvider(TokenizedProvider[Sentence]):
         self,
         context: ProviderContext,
         *,
-        input: str | Sequence[str],
+        input: str | Sequence[str] | None = None,
         tokenizer: str,
         block_size: int = 128,
         val_input: str | Sequence[str] | None = None,
@@ -116,7 +123,15 @@ class TokenClassificationProvider(TokenizedProvider[Sentence]):
         label_map: Sequence[str] | Mapping[str, int] | None = None,
         lowercase: bool | None = None,
         remote: dict[str, Any] | None = None,
+        hf_dataset: str | None = None,
+        hf_splits: Mapping[str, str] | None = None,
+        hf_config: str | None = None,
+        hf_revision: str | None = None,
+        tokens_column: str | None = None,
+        tags_column: str | None = None,
     ) -> None:
+        given = {"tokens_column": tokens_column, "tags_column": tags_column}
+        self.hf_columns = column_names(WHO, hf_dataset, given, HF_COLUMNS)
         for key, col in (("token_column", token_column), ("tag_column", tag_column)):
             if not isinstance(col, int) or isinstance(col, bool):
                 raise ConfigError(
@@ -145,11 +160,41 @@ class TokenClassificationProvider(TokenizedProvider[Sentence]):
             train_fraction=train_fraction,
             lowercase=lowercase,
             remote=remote,
+            hf_dataset=hf_dataset,
+            hf_splits=hf_splits,
+            hf_config=hf_config,
+            hf_revision=hf_revision,
         )
 
     # ---- sentences ----------------------------------------------------------------------------
     def read(self, paths: Sequence[Path]) -> list[Sentence]:
         return [s for p in paths for s in read_conll(p, **self.columns)]
+
+    def read_rows(self, rows: HFRows, split: str) -> list[Sentence]:
+        """One sentence per row with words; integer tags become their decimal string, as a
+        CoNLL file holding ids would give them. A row's words and tags must pair up."""
+        cols = self.hf_columns
+        values = rows.read(
+            split,
+            [
+                Column("tokens_column", cols["tokens_column"], WORDS),
+                Column("tags_column", cols["tags_column"], TAGS),
+            ],
+        )
+        sentences = []
+        pairs = zip(values["tokens_column"], values["tags_column"], strict=True)
+        for i, (words, tags) in enumerate(pairs):
+            if len(words) != len(tags):
+                raise ConfigError(
+                    f"{rows.where(split, i)}: {len(words)} word(s) in tokens_column "
+                    f"{cols['tokens_column']!r} but {len(tags)} tag(s) in tags_column "
+                    f"{cols['tags_column']!r}"
+                )
+            if words:  # an empty row is no sentence, as a blank line in a file
+                sentences.append(
+                    Sentence(words, [str(t) for t in tags], rows.where(split, i), None)
+                )
+        return sentences
 
     def shared_info(self, items: Sequence[Sentence]) -> dict[str, Any]:
         label_map = self.config_label_map or derive_label_map(t for s in items for t in s.tags)
@@ -195,7 +240,7 @@ class TokenClassificationProvider(TokenizedProvider[Sentence]):
         return arrays, info
 
     def cache_parts(self) -> tuple[object, ...]:
-        return (self.columns, self.config_label_map, self.block_size)
+        return (self.columns, self.config_label_map, self.block_size, *self.hf_parts())
 
     # ---- meta --------------------------------------------------------------------------------
     def meta_fields(self) -> dict[str, Any]:

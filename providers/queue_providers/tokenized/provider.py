@@ -1,15 +1,17 @@
 """TokenizedProvider: the skeleton that bert_mlm, classification and token_classification fill in.
 
-Each of them reads its input files into items (lines, labelled examples, tagged sentences),
-tokenizes each split's items into flat arrays, and samples fixed-width rows from those. The
-base owns the rest: the config args they share (input, val_input, train_fraction, tokenizer,
-lowercase, block_size), the cache of the arrays under artifacts/<key>/ (built once by
-build_meta, pinned by meta["artifacts"], memory-mapped by every worker), and the meta keys
-every tokenized dataset records.
+Each of them reads its input files, or the rows of a Hugging Face dataset (`hf_dataset`,
+tokenized/hf_rows.py), into items (lines, labelled examples, tagged sentences), tokenizes each
+split's items into flat arrays, and samples fixed-width rows from those. The base owns the
+rest: the config args they share (input, val_input, hf_dataset, hf_splits, hf_config,
+hf_revision, train_fraction, tokenizer, lowercase, block_size), the cache of the arrays under
+artifacts/<key>/ (built once by build_meta, pinned by meta["artifacts"], memory-mapped by
+every worker), and the meta keys every tokenized dataset records.
 
-A subclass fills in `read`, `tokenize`, `meta_fields` and `sample_batch`, and where it needs
-to, `shared_info` (what all splits share, such as a label map), `split_items` (how train and
-val are cut from one input), `cache_parts` (the config its arrays depend on) and `check_info`
+A subclass sets `hf_columns` (config key -> column it reads from hf_dataset) and fills in
+`read`, `read_rows`, `tokenize`, `meta_fields` and `sample_batch`, and where it needs to,
+`shared_info` (what all splits share, such as a label map), `split_items` (how train and val
+are cut from one input), `cache_parts` (the config its arrays depend on) and `check_info`
 (refusing data too small to sample from).
 """
 
@@ -36,6 +38,7 @@ from queue_providers.remote import (
     identity as remote_identity,
 )
 from queue_providers.tokenized.artifacts import cache_key, file_identity, load_artifacts
+from queue_providers.tokenized.hf_rows import HFRows, open_hf_rows
 from queue_providers.tokenized.labels import split_indices
 from queue_providers.tokenized.rows import RowLayout, single_rows
 from queue_providers.tokenized.wordpiece import CLS, PAD, SEP, UNK, load_tokenizer
@@ -76,12 +79,13 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
     """Rows of WordPiece tokens over local input files; see the module docstring."""
 
     who: ClassVar[str]  # the provider's config name, which starts its error messages
+    hf_columns: dict[str, str]  # set by the subclass before __init__: key -> column name
 
     def __init__(
         self,
         context: ProviderContext,
         *,
-        input: str | Sequence[str],
+        input: str | Sequence[str] | None,
         tokenizer: str,
         block_size: int,
         val_input: str | Sequence[str] | None,
@@ -90,18 +94,52 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
         min_block_size: int = 3,
         require: Sequence[str] = (PAD, UNK, CLS, SEP),
         remote: Mapping[str, Any] | None = None,
+        hf_dataset: str | None = None,
+        hf_splits: Mapping[str, str] | None = None,
+        hf_config: str | None = None,
+        hf_revision: str | None = None,
     ) -> None:
         super().__init__(context)
         who = self.who
         self.block_size = check_block_size(block_size, minimum=min_block_size, who=who)
         store = store_for(remote, context.layout.input_cache_dir, who)
-        self.inputs = as_paths(input, key="input", who=who, store=store)
-        self.val_inputs = (
-            None
-            if val_input is None
-            else as_paths(val_input, key="val_input", who=who, store=store)
-        )
-        if self.val_inputs is None and not 0.0 < train_fraction < 1.0:
+        self.hf: HFRows | None = None
+        self.inputs: list[Path] = []
+        self.val_inputs: list[Path] | None = None
+        if hf_dataset is None:
+            extra = [k for k, v in (("hf_splits", hf_splits), ("hf_config", hf_config),
+                                    ("hf_revision", hf_revision)) if v is not None]  # fmt: skip
+            if extra:
+                raise ConfigError(f"{who}: {extra} apply to hf_dataset only, and there is none")
+            if input is None:
+                raise ConfigError(
+                    f"{who} needs `input` (files or URLs) or `hf_dataset` (a Hugging Face "
+                    "dataset: a save_to_disk directory, a folder of data files or a Hub name)"
+                )
+            self.inputs = as_paths(input, key="input", who=who, store=store)
+            if val_input is not None:
+                self.val_inputs = as_paths(val_input, key="val_input", who=who, store=store)
+        else:
+            if input is not None:
+                raise ConfigError(
+                    f"{who} takes `input` or `hf_dataset`, not both: input = {input!r}, "
+                    f"hf_dataset = {hf_dataset!r}"
+                )
+            if val_input is not None:
+                raise ConfigError(
+                    f"{who}: val_input = {val_input!r} goes with `input`; with hf_dataset "
+                    f"{hf_dataset!r} map val to a split of the dataset in hf_splits"
+                )
+            self.hf = open_hf_rows(
+                who,
+                hf_dataset=hf_dataset,
+                hf_splits=hf_splits,
+                hf_config=hf_config,
+                hf_revision=hf_revision,
+                store=store,
+            )
+        has_val = self.val_inputs is not None or (self.hf is not None and self.hf.has_val)
+        if not has_val and not 0.0 < train_fraction < 1.0:
             raise ConfigError(f"{who}: train_fraction must lie in (0, 1), got {train_fraction!r}")
         self.train_fraction = float(train_fraction)
         self.tok = load_tokenizer(tokenizer, lowercase=lowercase, require=require, who=who)
@@ -124,6 +162,11 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
     def meta_fields(self) -> dict[str, Any]:
         """training_type, batch_schema and the provider's own meta keys."""
 
+    @abc.abstractmethod
+    def read_rows(self, rows: HFRows, split: str) -> list[Item]:
+        """The items of one mapped split of a Hugging Face dataset, in row order; ConfigError
+        naming the column key, the dataset and what was found."""
+
     def shared_info(self, items: Sequence[Item]) -> dict[str, Any]:
         """What every split shares (a label map), from the items of all splits."""
         return {}
@@ -138,27 +181,42 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
         """The config the arrays depend on, besides the inputs and the tokenizer."""
         return ()
 
+    def hf_parts(self) -> tuple[object, ...]:
+        """The column names read from hf_dataset, for cache_parts; nothing for files, so the
+        keys of caches built from files stay as they were."""
+        return () if self.hf is None else (dict(self.hf_columns),)
+
     def check_info(self, info: Mapping[str, Any]) -> None:
         """Refuse arrays that cannot be sampled from, naming the split (ConfigError)."""
 
     def input_files(self) -> list[Path]:
-        """The input files, the val input files and the tokenizer file."""
-        return [*self.inputs, *(self.val_inputs or []), self.tok.path]
+        """The input files (or the dataset's), the val input files and the tokenizer file."""
+        hf = self.hf.locations() if self.hf is not None else []
+        return [*self.inputs, *(self.val_inputs or []), *hf, self.tok.path]
 
     # ---- the cache ----------------------------------------------------------------------
     def _cache_key(self) -> str:
-        files = [_identity(p) for p in self.inputs]
+        files: object = [_identity(p) for p in self.inputs]
+        if self.hf is not None:
+            files = ("hf_dataset", self.hf.identity())
         val = None if self.val_inputs is None else [_identity(p) for p in self.val_inputs]
         return cache_key(
             self.who, self.tok.digest, files, val, self.train_fraction, *self.cache_parts()
         )
 
-    def _build(self) -> tuple[Arrays, dict[str, Any]]:
+    def _read_splits(self) -> tuple[list[Item], list[Item] | None]:
+        """train's items and, when val has inputs of its own, val's (else None)."""
+        if self.hf is not None:
+            val = self.read_rows(self.hf, "val") if self.hf.has_val else None
+            return self.read_rows(self.hf, "train"), val
         # URL inputs are read from local copies in the input cache, by path like the rest.
         train = self.read([local_file(p) for p in self.inputs])
-        val = (
-            None if self.val_inputs is None else self.read([local_file(p) for p in self.val_inputs])
-        )
+        if self.val_inputs is None:
+            return train, None
+        return train, self.read([local_file(p) for p in self.val_inputs])
+
+    def _build(self) -> tuple[Arrays, dict[str, Any]]:
+        train, val = self._read_splits()
         shared = self.shared_info([*train, *(val or [])])
         by_split = self.split_items(train) if val is None else {"train": train, "val": val}
         arrays: Arrays = {}
@@ -194,8 +252,16 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
             "pad_token_id": self.tok.id(PAD),
             "cls_token_id": self.tok.id(CLS),
             "sep_token_id": self.tok.id(SEP),
-            "split_info": {split: dict(self._info[split]) for split in SPLITS},
+            "split_info": {split: self._split_info(split) for split in SPLITS},
+            **({"hf_dataset": dict(self.hf.info)} if self.hf is not None else {}),
         }
+
+    def _split_info(self, split: str) -> dict[str, Any]:
+        """The split's counts, and the dataset split it came from when hf_splits maps it."""
+        info = dict(self._info[split])
+        if self.hf is not None and self.hf.has_val:
+            info["hf_split"] = self.hf.splits[split]
+        return info
 
     def set_meta(self, meta: Mapping[str, Any]) -> None:
         super().set_meta(meta)
