@@ -264,6 +264,18 @@ def temp_owner_pid(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine (of any user): a temp file
+    whose owner is gone is a leftover, one whose owner lives may still be written."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_temp_files(directory: Path, pid: int | None = None) -> int:
     """Delete leftovers of interrupted writes (only `pid`'s, if given); returns how many."""
     removed = 0

@@ -42,6 +42,7 @@ from queue_client.layout import (
     atomic_write,
     input_cache_file,
     is_temp_name,
+    process_alive,
     temp_owner_pid,
     temp_path,
 )
@@ -814,7 +815,7 @@ class BlockCache:
                 continue
             if is_temp_name(entry.name):
                 pid = temp_owner_pid(entry.name)
-                if pid is not None and not _alive(pid):
+                if pid is not None and not process_alive(pid):
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
                 continue
@@ -836,16 +837,6 @@ class BlockCache:
             )
         except FileNotFoundError:
             return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---- a path at a URL ------------------------------------------------------------------------

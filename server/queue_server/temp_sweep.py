@@ -14,18 +14,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from queue_client.layout import is_temp_name, temp_owner_pid
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this machine (of any user)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+from queue_client.layout import is_temp_name, process_alive, temp_owner_pid
 
 
 def remove_orphan_temp_files(directories: Iterable[Path]) -> int:
