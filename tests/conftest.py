@@ -6,6 +6,7 @@ are re-exported here for the test files that import them from conftest."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -70,6 +71,22 @@ def tiny_corpus(path: Path, chars: int = 40_000) -> Path:
         out.append(words[(i * 7 + i // 3) % len(words)])
         i += 1
     path.write_text(" ".join(out) + "\n", encoding="utf-8")
+    return path
+
+
+def skewed_corpus(path: Path, *, segments: int, seed: int) -> Path:
+    """Zipf-skewed letters in 300-letter segments, each heavy in four letters of its own, so
+    that a window of text (one batch row) is far from the corpus average: a curriculum then
+    has something to pick."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    rng = random.Random(seed)
+    base = [1 / (i + 1) ** 1.2 for i in range(len(letters))]
+    parts = []
+    for _ in range(segments):
+        topic = set(rng.sample(range(len(letters)), 4))
+        weights = [w * (20 if i in topic else 1) for i, w in enumerate(base)]
+        parts.append("".join(rng.choices(letters, weights=weights, k=300)))
+    path.write_text("".join(parts), encoding="utf-8")
     return path
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import signal
 import textwrap
@@ -17,26 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ServerFactory, wait_until
+from conftest import ServerFactory, skewed_corpus, wait_until
 from queue_client import QueueClient
 from queue_client.errors import ConfigError
 from queue_server.config import parse_config, tomllib
 
 NB = 8  # batches per file
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-def skewed_text(path: Path) -> Path:
-    """Zipf-skewed letters in segments, each heavy in a few letters of its own."""
-    rng = random.Random(11)
-    base = [1 / (i + 1) ** 1.2 for i in range(len(LETTERS))]
-    parts = []
-    for _ in range(300):
-        topic = set(rng.sample(range(len(LETTERS)), 4))
-        weights = [w * (20 if i in topic else 1) for i, w in enumerate(base)]
-        parts.append("".join(rng.choices(LETTERS, weights=weights, k=300)))
-    path.write_text("".join(parts), encoding="utf-8")
-    return path
 
 
 def dataset(name: str, corpus: Path, composers: int) -> str:
@@ -88,7 +73,7 @@ def journaled_picks(root: Path, name: str) -> dict[int, list]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("composers")
-    corpus = skewed_text(tmp / "corpus.txt")
+    corpus = skewed_corpus(tmp / "corpus.txt", segments=300, seed=11)
     config = "".join(
         [
             dataset("one", corpus, 1),

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ServerFactory, ServerProcess, wait_until
+from conftest import ServerFactory, ServerProcess, skewed_corpus, wait_until
 from queue_client import QueueClient, errors
 from queue_client.batchfile import scan_queue
 from queue_client.cli import main as cli_main
@@ -29,20 +29,6 @@ ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 NB = 8  # batches per file
 BACKLOG = 1
 CANDIDATE_WINDOW = ComposerSettings(26, NB, NB, capacity=32, oversample=2.0).candidate_backlog + 2
-
-
-def skewed_corpus(path: Path) -> Path:
-    """Zipf-skewed letters in 300-letter segments, each heavy in four letters of its own, so
-    that a window of text (one batch row) is far from the corpus average."""
-    rng = random.Random(7)
-    base = [1 / (i + 1) ** 1.2 for i in range(len(ALPHABET))]
-    parts = []
-    for _ in range(400):
-        topic = set(rng.sample(range(len(ALPHABET)), 4))
-        weights = [w * (20 if i in topic else 1) for i, w in enumerate(base)]
-        parts.append("".join(rng.choices(ALPHABET, weights=weights, k=300)))
-    path.write_text("".join(parts), encoding="utf-8")
-    return path
 
 
 def dataset(name: str, corpus: Path, extra: str = "") -> str:
@@ -69,7 +55,7 @@ def curriculum(alpha: float, buffer: int = 64) -> str:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     tmp = tmp_path_factory.mktemp("curriculum")
-    corpus = skewed_corpus(tmp / "corpus.txt")
+    corpus = skewed_corpus(tmp / "corpus.txt", segments=400, seed=7)
     config = "".join(
         [
             dataset("fifo", corpus),
@@ -257,7 +243,7 @@ def test_two_ranks_get_each_batch_once_and_the_disk_stays_bounded(shared) -> Non
 
 
 def test_a_killed_server_resumes_the_curriculum_exactly(start_server, tmp_path: Path) -> None:
-    corpus = skewed_corpus(tmp_path / "corpus.txt")
+    corpus = skewed_corpus(tmp_path / "corpus.txt", segments=400, seed=7)
     config = dataset("d", corpus, curriculum(1.0))
     reference_server = start_server(config, data_root=tmp_path / "ref")
     with QueueClient(reference_server.address, "d") as client:
@@ -304,7 +290,7 @@ def test_set_curriculum_on_a_fifo_dataset_is_refused_by_name(shared) -> None:
 def test_a_curriculum_that_does_not_fit_the_dataset_fails_the_start_by_name(
     start_server, tmp_path: Path, extra: str, fault: str
 ) -> None:
-    corpus = skewed_corpus(tmp_path / "corpus.txt")
+    corpus = skewed_corpus(tmp_path / "corpus.txt", segments=400, seed=7)
     server = start_server(dataset("d", corpus, curriculum(1.0) + "\n" + extra), wait_serving=False)
     wait_until(lambda: server.proc.poll() is not None, 60, "the server to exit")
     assert fault in server.log()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import random
 import textwrap
 from collections.abc import Collection
 from pathlib import Path
@@ -21,7 +20,7 @@ from auditor import audit
 from grpc_health.v1 import health_pb2
 from ray_cluster import PINNED_LABEL, RayCluster, RayHead, free_port
 
-from conftest import ServerFactory, subprocess_env, wait_until
+from conftest import ServerFactory, skewed_corpus, subprocess_env, wait_until
 from queue_client import QueueClient
 from queue_server.app import health_name
 from queue_server.curriculum.ray_composer import RayComposer
@@ -33,26 +32,11 @@ NB = 8  # batches per file
 FILES = 6  # served files each trainer reads
 DATASET = "cur"
 COMPOSER = f"{DATASET}/train composer"  # the label each composer actor's name starts with
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 Rows = list[tuple[int, int, str]]
-
-
-def skewed_text(path: Path) -> Path:
-    """Zipf-skewed letters in segments, each heavy in a few letters of its own: batches
-    differ in what they bring, so the curriculum has something to pick."""
-    rng = random.Random(5)
-    base = [1 / (i + 1) ** 1.2 for i in range(len(LETTERS))]
-    parts = []
-    for _ in range(60):
-        topic = set(rng.sample(range(len(LETTERS)), 4))
-        weights = [w * (20 if i in topic else 1) for i, w in enumerate(base)]
-        parts.append("".join(rng.choices(LETTERS, weights=weights, k=300)))
-    path.write_text("".join(parts), encoding="utf-8")
-    return path
 
 
 def config(corpus: Path, composers: int, extra: str = "") -> str:
@@ -158,7 +142,7 @@ def process_tree(root: int) -> set[int]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return skewed_text(tmp_path_factory.mktemp("corpus") / "skewed.txt")
+    return skewed_corpus(tmp_path_factory.mktemp("corpus") / "skewed.txt", segments=60, seed=5)
 
 
 @pytest.fixture(scope="module")
