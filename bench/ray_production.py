@@ -173,7 +173,7 @@ def _init(root: Path, text: Path, bpf: int) -> dict[str, Any]:
 
 def _settled_meta(init: dict[str, Any]) -> str:
     from queue_client.meta import meta_to_json
-    from queue_server.production.ray_actor import build_provider
+    from queue_server.production.provider_init import build_provider
 
     return meta_to_json(build_provider(init).complete_meta())
 

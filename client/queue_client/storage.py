@@ -342,24 +342,25 @@ class BatchCodec:
         self._check_round_trip(served, stored)
         return stored
 
+    def _partner(self, f: FieldSpec, kind: str, key: str, what: str) -> FieldSpec:
+        """The field of storage `kind` that shares f's storage `key` (its lengths, its
+        exceptions): the served field the stored one is derived with."""
+        value = getattr(f.storage, key)
+        for g in self.schema:
+            if g.storage.kind == kind and getattr(g.storage, key) == value:
+                return g
+        raise SchemaMismatch(f"field {f.name!r}: stored {key} {value!r} need {what}")
+
     def _lengths(self, f: FieldSpec, served: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Each row's content length, from the length_mask field that shares the lengths
         (its True positions must be a prefix of the row: the round trip checks that)."""
         import torch
 
-        st = f.storage
         n = f.shape[-1]
-        masks = [
-            g
-            for g in self.schema
-            if g.storage.kind == LENGTH_MASK and g.storage.lengths == st.lengths
-        ]
-        if not masks:
-            raise SchemaMismatch(
-                f"field {f.name!r}: stored lengths {st.lengths!r} need a length_mask field "
-                "that says where each row's content ends"
-            )
-        mask = served[masks[0].name].to(torch.bool)
+        mask_field = self._partner(
+            f, LENGTH_MASK, "lengths", "a length_mask field that says where each row's content ends"
+        )
+        mask = served[mask_field.name].to(torch.bool)
         lengths = mask.sum(-1)
         return lengths.to(torch_dtype(unsigned_dtype_name(n)))
 
@@ -373,18 +374,12 @@ class BatchCodec:
         (text that spells the end-of-text token), -1 padded to the file's most: [nb, K]."""
         import torch
 
-        st = f.storage
-        labels = [
-            g
-            for g in self.schema
-            if g.storage.kind == NEXT_TOKEN and g.storage.exceptions == st.exceptions
-        ]
-        if not labels:
-            raise SchemaMismatch(
-                f"field {f.name!r}: stored exceptions {st.exceptions!r} need a next_token "
-                "field whose ignored positions say where documents end"
-            )
-        lab = labels[0]
+        lab = self._partner(
+            f,
+            NEXT_TOKEN,
+            "exceptions",
+            "a next_token field whose ignored positions say where documents end",
+        )
         ids = served[lab.storage.ids]
         eos = ids == lab.storage.value
         if lab.storage.lengths:

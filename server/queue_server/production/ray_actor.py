@@ -18,29 +18,11 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from queue_client.meta import meta_from_json
-from queue_providers import DataProviderBase, ProviderContext, create
-
-
-def build_provider(init: Mapping[str, Any]) -> DataProviderBase:
-    """A provider from a worker's init request (data_root, dataset, provider, args, ...)."""
-    root = Path(init["data_root"])
-    context = ProviderContext(
-        dataset_name=init["dataset"],
-        dataset_dir=root / init["dataset"],
-        batch_size=init["batch_size"],
-        batches_per_file=init["batches_per_file"],
-        seed=init["seed"],
-        worker_index=init.get("worker_index", 0),
-        num_workers=init.get("num_workers", 1),
-        verbose=init.get("verbose", False),
-        extra_meta=init.get("extra_meta", {}),
-        histogram_field=init.get("histogram_field", ""),
-    )
-    return create(init["provider"], context, init.get("args", {}))
+from queue_providers import DataProviderBase
+from queue_server.production.provider_init import build_provider
 
 
 @dataclass(frozen=True)

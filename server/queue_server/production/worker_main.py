@@ -43,10 +43,11 @@ import torch
 
 from queue_client.layout import DatasetLayout
 from queue_client.meta import meta_from_json, meta_to_json
-from queue_providers import DataProviderBase, ProviderContext, create
+from queue_providers import DataProviderBase
 from queue_providers.inputs import check_inputs, describe_inputs
 from queue_server.logs import configure_logging
 from queue_server.production.preparation import Preparation, input_bytes
+from queue_server.production.provider_init import build_provider
 from queue_server.production.replies import produced_reply
 
 
@@ -151,23 +152,11 @@ class WorkerSession:
             root, dataset = Path(req["data_root"]), req["dataset"]
             self.root, self.dataset = root, dataset
             self.first_worker = req.get("worker_index", 0) == 0
-            context = ProviderContext(
-                dataset_name=dataset,
-                dataset_dir=root / dataset,
-                batch_size=req["batch_size"],
-                batches_per_file=req["batches_per_file"],
-                seed=req["seed"],
-                worker_index=req.get("worker_index", 0),
-                num_workers=req.get("num_workers", 1),
-                verbose=req.get("verbose", False),
-                extra_meta=req.get("extra_meta", {}),
-                histogram_field=req.get("histogram_field", ""),
-            )
             with Preparation(
                 f"dataset {dataset}: starting provider {req['provider']}",
                 quiet=not self.first_worker,
             ):
-                provider = create(req["provider"], context, req.get("args", {}))
+                provider = build_provider(req)
                 provider.on_start()
             self.provider = provider
             stateful = type(provider).state_dict is not DataProviderBase.state_dict
