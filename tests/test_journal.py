@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2
 
 from conftest import wait_until
 from queue_client import errors
+from queue_client.batchfile import MAX_SEQ
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_server import journal as journal_module
 from queue_server.journal import (
@@ -102,10 +103,12 @@ def test_records_with_a_seq_out_of_range_are_skipped_at_replay(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A journal written before requests were bounded may hold a seq near 2**63; replay
-    skips such a record, says so, and keeps every other one, so the split serves again."""
+    skips such a record, says so, and keeps every other one, so the split serves again. A
+    seq past MAX_SEQ that a file name holds (the window after the highest request) is kept."""
     path = tmp_path / "train.jsonl"
     lines = [
         {"v": 3, "e": "p", "seq": 0, "name": "x.pt", "bytes": 5, "crc": 1, "w": 0},
+        {"v": 3, "e": "p", "seq": MAX_SEQ + 2, "name": "z.pt", "bytes": 5, "crc": 1, "w": 0},
         {"v": 3, "e": "c", "seq": 2**63 - 2, "ws": 1},
         {"v": 3, "e": "p", "seq": -5, "name": "y.pt", "bytes": 5, "crc": 1, "w": 0},
         {"v": 3, "e": "c", "seq": 0, "ws": 1},
@@ -113,7 +116,8 @@ def test_records_with_a_seq_out_of_range_are_skipped_at_replay(
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     with caplog.at_level("WARNING", logger="queue_server.journal"), Journal(path) as journal:
         summary = journal.replay()
-    assert summary.consumed == {0} and summary.produced_count == 1
+    assert summary.consumed == {0} and summary.produced_count == 2
+    assert set(summary.produced) == {MAX_SEQ + 2}
     assert summary.last_consumed == {0: 0}
     skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
     assert len(skipped) == 2 and str(2**63 - 2) in skipped[0]

@@ -61,6 +61,9 @@ _NAME_RE = re.compile(r"([0-9]{13})-([0-9]{10})-([0-9]+)\.pt")
 # The highest seq a request or a resume state may name: file names hold 10 digits of seq, and
 # the windows of files made past this one still fit in them.
 MAX_SEQ = 10**9 - 1
+# The highest seq a file name can hold: files of the windows past MAX_SEQ are made and
+# journaled too, so a restarted server must take them back.
+MAX_NAMED_SEQ = 10**10 - 1
 
 
 def dataset_dir(root: Path, dataset: str) -> Path:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from queue_client import errors
-from queue_client.batchfile import MAX_SEQ
+from queue_client.batchfile import MAX_NAMED_SEQ
 
 log = logging.getLogger("queue_server.journal")
 
@@ -412,15 +412,16 @@ class Journal:
                 if record is None:
                     continue
                 seq = getattr(record, "seq", 0)
-                if not 0 <= seq <= MAX_SEQ:
-                    # Written before requests were bounded: no file can have that seq, and
-                    # folding it in would break every count. Skipped, and said once per line.
+                if not 0 <= seq <= MAX_NAMED_SEQ:
+                    # Written before requests were bounded: no file name can hold that seq,
+                    # and folding it in would break every count. Skipped, and said once per
+                    # line. (Seqs past MAX_SEQ are the windows after the highest request.)
                     log.warning(
                         "%s: skipping the record at byte %d: seq %d is outside 0..%d",
                         where,
                         start,
                         seq,
-                        MAX_SEQ,
+                        MAX_NAMED_SEQ,
                     )
                     continue
                 summary.apply(record, start)

@@ -45,6 +45,24 @@ def _run_worker(sock: socket.socket, cwd: str) -> None:
     run_over_socket(sock, cwd)
 
 
+def _start_then_close(proc: multiprocessing.process.BaseProcess, child: socket.socket) -> None:
+    """Start the process, then close the parent's copy of the worker's socket end. Closed
+    here, in the starting thread, and not by the awaiting task: a task cancelled mid-start
+    (a server stopping) used to close it while start was still sending it to the forkserver,
+    which then read EOF, printed a traceback and exited, so no worker could start again."""
+    try:
+        proc.start()
+    finally:
+        child.close()
+
+
+def _kill_if_started(proc: multiprocessing.process.BaseProcess, done: asyncio.Future[None]) -> None:
+    if done.cancelled() or done.exception() is not None:
+        return
+    with contextlib.suppress(Exception):
+        proc.kill()
+
+
 class WorkerDied(Exception):
     """The worker process exited; its exit code is in the message."""
 
@@ -85,10 +103,18 @@ class WorkerProcess:
         proc = _forkserver().Process(
             target=_run_worker, args=(child, str(self._cwd)), name=self.label, daemon=True
         )
+        starting = asyncio.ensure_future(asyncio.to_thread(_start_then_close, proc, child))
         try:
-            await asyncio.to_thread(proc.start)
-        finally:
-            child.close()
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The thread runs on (a thread cannot be stopped); the process it starts, if any,
+            # is nobody's, so it is killed once started.
+            parent.close()
+            starting.add_done_callback(lambda done: _kill_if_started(proc, done))
+            raise
+        except BaseException:
+            parent.close()
+            raise
         self._proc = proc
         self._watch(proc.sentinel)
         self._reader, self._writer = await asyncio.open_unix_connection(
