@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -143,6 +144,8 @@ def test_meta_schema_and_stats_as_json_and_as_tables(
     assert stats.returncode == 0, stats.stderr
     for text in ("chars", "serving", "backlog", "train", "val", "ranks", "lag"):
         assert text in stats.stdout, stats.stdout
+    # Each split's workers: what they are, their pid and resident memory.
+    assert re.search(r"train workers: provider 0 pid [0-9]+ [0-9]+ MiB", stats.stdout), stats.stdout
     rc, out, _ = cli(
         capsys, "stats", "--address", server.address, "--watch", "--interval", "0.1", "--count", "2"
     )

@@ -185,6 +185,16 @@ def test_composer_actors_serve_the_local_bytes_and_a_killed_one_changes_none(
     assert {w["node_id"] for w in where} <= ray_cluster.node_ids
     assert not {w["pid"] for w in where} & process_tree(server.pid)
     assert server.split_stats(DATASET)["worker_pids"] == []  # nor are its candidate providers
+    # Stats say where each composer and candidate provider runs: the actors' nodes and pids.
+    workers = server.split_stats(DATASET)["workers"]
+    composers = [w for w in workers if w["role"] == "composer"]
+    assert {(int(w["index"]), w["backend"]) for w in composers} == {(0, "ray"), (1, "ray")}
+    assert {(w["node_id"], int(w["pid"])) for w in composers} == {
+        (w["node_id"], w["pid"]) for w in where
+    }
+    candidates = [w for w in workers if w["role"] == "candidates"]
+    assert candidates and all(w["backend"] == "ray" for w in candidates), workers
+    assert all(w["node_id"] in ray_cluster.node_ids for w in candidates), workers
 
     [victim] = [name for name in before if name.split()[-2] == "1"]
     ray.kill(before[victim], no_restart=True)

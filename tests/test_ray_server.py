@@ -123,6 +123,13 @@ def test_a_ray_server_serves_the_batches_of_a_local_server(
     assert got == want
     for server in (local, ray):
         audit(server, "chars", consumed_batches={"train": positions(want)})
+    # Stats name each actor's node and its pid there.
+    workers = ray.split_stats("chars")["workers"]
+    assert [(w["role"], int(w["index"]), w["backend"]) for w in workers] == [
+        ("provider", 0, "ray"),
+        ("provider", 1, "ray"),
+    ], workers
+    assert all(w["node_id"] in ray_cluster.node_ids and int(w["pid"]) > 0 for w in workers)
 
 
 def test_an_actor_killed_mid_file_has_its_seq_made_again(

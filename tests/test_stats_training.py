@@ -142,6 +142,13 @@ def test_each_worker_reports_its_resident_memory(start_server, corpus: Path) -> 
             ]
             # A worker has torch loaded: tens of MiB at least, near what /proc says now.
             assert size > 20 << 20 and abs(size - kib * 1024) < 0.5 * kib * 1024
+        # The workers list names the same processes, where they run, and their memory.
+        workers = stats["workers"]
+        assert [(w["role"], int(w["index"]), w["backend"]) for w in workers] == [
+            ("provider", i, "local") for i in range(len(pids))
+        ], workers
+        assert [int(w["pid"]) for w in workers] == pids
+        assert all(int(w["rss_bytes"]) > 20 << 20 and not w["node_id"] for w in workers)
 
 
 def test_epochs_are_unknown_without_a_split_size(

@@ -307,6 +307,15 @@ def _mib(value: int) -> str:
     return f"{value / (1 << 20):.0f} MiB" if value else "?"
 
 
+def _worker_text(w: dict[str, Any]) -> str:
+    """One worker as the stats table's workers line names it: what it is, where it runs."""
+    what = f"{w['role']} {w['index']}"
+    if w["backend"] != "ray":
+        return f"{what} pid {w['pid'] or '-'} {_mib(w['rss_bytes'])}"
+    where = f"{what} on Ray node {w['node_id'][:8] or '?'} pid {w['pid'] or '-'}"
+    return where + (f" (restarted {w['restarts']}x)" if w["restarts"] else "")
+
+
 def _bar(value: int, limit: int, width: int = 8) -> str:
     filled = min(width, round(width * value / limit)) if limit > 0 else 0
     return f"{value}/{limit} " + "█" * filled + "░" * (width - filled)
@@ -349,12 +358,9 @@ def _render_stats(doc: dict[str, Any]) -> Any:
                     str(r["lag_files"]),
                     str(r["last_consumed_seq"]),
                 )
-            if s["worker_pids"]:
-                sizes = ", ".join(
-                    f"{pid} {_mib(rss)}"
-                    for pid, rss in zip(s["worker_pids"], s["worker_rss_bytes"], strict=False)
-                )
-                workers.append(f"{s['split']} workers (pid, resident memory): {sizes}")
+            if s.get("workers"):
+                places = ", ".join(_worker_text(w) for w in s["workers"])
+                workers.append(f"{s['split']} workers: {places}")
             notes.extend(f"{s['split']}: {w}" for w in s["warnings"])
             if s["worker_restarts"]:
                 notes.append(f"{s['split']}: {s['worker_restarts']} worker restart(s)")

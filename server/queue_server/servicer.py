@@ -150,6 +150,12 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         snaps = {name: runtime.splits[name].snapshot() for name in names}
         rates = {name: self._throughput(runtime, name).rate() for name in names}
         pids = [pid for snap in snaps.values() for pid in snap.worker_pids]
+        pids += [
+            w.pid
+            for snap in snaps.values()
+            for w in snap.workers
+            if w.backend == "local" and w.pid and w.pid not in pids
+        ]
         rss = await asyncio.to_thread(rss_of, pids)
         splits = []
         for name in names:
@@ -190,6 +196,18 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
                 tokens_served=view.tokens_served,
                 tokens_per_file=view.tokens_per_file,
                 warnings=snap.warnings,
+                workers=[
+                    pb.WorkerPlacement(
+                        role=w.role,
+                        index=w.index,
+                        backend=w.backend,
+                        pid=w.pid,
+                        node_id=w.node_id,
+                        restarts=w.restarts,
+                        rss_bytes=rss.get(w.pid, 0) if w.backend == "local" else 0,
+                    )
+                    for w in snap.workers
+                ],
                 ranks=[
                     pb.RankStats(
                         rank=r.rank,

@@ -24,7 +24,7 @@ from queue_server.config import DatasetConfig
 from queue_server.journal import AlphaChange, Consumed, Journal, JournalLost, Quarantined
 from queue_server.journal_keeper import JournalKeeper
 from queue_server.leases import Lease, LeaseDirectory, LeaseTable, ReleaseOutcome
-from queue_server.production.backend import ProductionBackend
+from queue_server.production.backend import ProductionBackend, WorkerPlace
 from queue_server.production.producer import Production
 from queue_server.reconcile import reconcile
 from queue_server.schedule import Schedule
@@ -188,6 +188,9 @@ class SplitQueue:
 
     def worker_pids(self) -> list[int]:
         return self.production.backend.pids()
+
+    def workers(self) -> list[WorkerPlace]:
+        return self.production.backend.workers()
 
     def _check_serving(self) -> None:
         if self._failed is not None:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from queue_server.production.backend import WorkerPlace
 from queue_server.split_state import Counters
 from queue_server.training_units import SplitUnits
 
@@ -41,6 +42,7 @@ class SplitSnapshot:
     next_seq: int
     ranks: list[RankView] = field(default_factory=list)
     worker_pids: list[int] = field(default_factory=list)
+    workers: list[WorkerPlace] = field(default_factory=list)
     last_disk_error: str = ""
     journal_error: str = ""
     worker_backoff_s: float = 0.0
@@ -116,6 +118,7 @@ def snapshot(queue: SplitQueue) -> SplitSnapshot:
         next_seq=queue.production.next_seq(),
         ranks=ranks,
         worker_pids=queue.worker_pids(),
+        workers=queue.workers(),
         last_disk_error=state.last_disk_error or backend.get("last_disk_error", ""),
         journal_error=state.journal_error,
         worker_backoff_s=state.worker_backoff_s,

@@ -117,7 +117,7 @@ class RankStats(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., last_consumed_seq: _Optional[int] = ..., files_leased: _Optional[int] = ..., lag_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., duplicate_clients: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SplitStats(_message.Message):
-    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing", "curriculum", "journal_error", "worker_backoff_s", "last_worker_error", "tokens_per_s", "batches_per_s", "rate_window_s", "tokens_served", "tokens_per_file", "epochs", "epoch_eta_s", "worker_rss_bytes", "warnings")
+    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing", "curriculum", "journal_error", "worker_backoff_s", "last_worker_error", "tokens_per_s", "batches_per_s", "rate_window_s", "tokens_served", "tokens_per_file", "epochs", "epoch_eta_s", "worker_rss_bytes", "warnings", "workers")
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     PRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class SplitStats(_message.Message):
     EPOCH_ETA_S_FIELD_NUMBER: _ClassVar[int]
     WORKER_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     split: str
     produced_files: int
     consumed_files: int
@@ -186,7 +187,26 @@ class SplitStats(_message.Message):
     epoch_eta_s: float
     worker_rss_bytes: _containers.RepeatedScalarFieldContainer[int]
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ..., curriculum: _Optional[_Union[CurriculumStats, _Mapping]] = ..., journal_error: _Optional[str] = ..., worker_backoff_s: _Optional[float] = ..., last_worker_error: _Optional[str] = ..., tokens_per_s: _Optional[float] = ..., batches_per_s: _Optional[float] = ..., rate_window_s: _Optional[float] = ..., tokens_served: _Optional[int] = ..., tokens_per_file: _Optional[int] = ..., epochs: _Optional[float] = ..., epoch_eta_s: _Optional[float] = ..., worker_rss_bytes: _Optional[_Iterable[int]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerPlacement]
+    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ..., curriculum: _Optional[_Union[CurriculumStats, _Mapping]] = ..., journal_error: _Optional[str] = ..., worker_backoff_s: _Optional[float] = ..., last_worker_error: _Optional[str] = ..., tokens_per_s: _Optional[float] = ..., batches_per_s: _Optional[float] = ..., rate_window_s: _Optional[float] = ..., tokens_served: _Optional[int] = ..., tokens_per_file: _Optional[int] = ..., epochs: _Optional[float] = ..., epoch_eta_s: _Optional[float] = ..., worker_rss_bytes: _Optional[_Iterable[int]] = ..., warnings: _Optional[_Iterable[str]] = ..., workers: _Optional[_Iterable[_Union[WorkerPlacement, _Mapping]]] = ...) -> None: ...
+
+class WorkerPlacement(_message.Message):
+    __slots__ = ("role", "index", "backend", "pid", "node_id", "restarts", "rss_bytes")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    index: int
+    backend: str
+    pid: int
+    node_id: str
+    restarts: int
+    rss_bytes: int
+    def __init__(self, role: _Optional[str] = ..., index: _Optional[int] = ..., backend: _Optional[str] = ..., pid: _Optional[int] = ..., node_id: _Optional[str] = ..., restarts: _Optional[int] = ..., rss_bytes: _Optional[int] = ...) -> None: ...
 
 class CurriculumStats(_message.Message):
     __slots__ = ("alpha", "kl_to_target", "buffer_batches", "served_tokens", "candidates_ingested", "candidates_culled", "candidate_files", "overrides")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from queue_client import errors
@@ -33,6 +34,7 @@ from queue_server.production.backend import (
     ProduceJob,
     ProductionBackend,
     SlotDied,
+    WorkerPlace,
 )
 from queue_server.production.worker_process import WorkerDied, WorkerError
 
@@ -63,6 +65,9 @@ class ComposerWorker(Protocol):
     async def stop(self) -> None: ...
 
     def kill(self) -> None: ...
+
+    def place(self, role: str, index: int) -> WorkerPlace:
+        """Where it runs, for stats."""
 
 
 class CurriculumBackend(ProductionBackend):
@@ -288,6 +293,13 @@ class CurriculumBackend(ProductionBackend):
         if self._candidates is not None:
             pids += self._candidates.worker_pids()
         return pids
+
+    def workers(self) -> list[WorkerPlace]:
+        """The composers (composer 0 first), then the candidate providers."""
+        places = [c.place("composer", i) for i, c in enumerate(self._composers)]
+        if self._candidates is not None:
+            places += [replace(w, role="candidates") for w in self._candidates.workers()]
+        return places
 
     def stats(self) -> dict[str, Any]:
         """The composer's figures; its candidate providers' restarts and disk errors count

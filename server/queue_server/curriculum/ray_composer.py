@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_server.curriculum.composer_actor import ComposerActor
+from queue_server.production.backend import WorkerPlace
 from queue_server.production.ray_calls import (
     ClusterGone,
     actor_reply,
@@ -197,6 +198,9 @@ class RayComposer:
         if watcher is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(watcher, timeout_s)
+
+    def place(self, role: str, index: int) -> WorkerPlace:
+        return WorkerPlace(role, index, "ray", self.actor_pid, self.node_id)
 
     def kill(self) -> None:
         self._stopping = True

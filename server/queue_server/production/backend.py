@@ -16,6 +16,23 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class WorkerPlace:
+    """Where one process that makes a split's files runs, as GetStats shows it (workers).
+
+    role: "provider", "composer" or "candidates" (a curriculum split's candidate provider).
+    backend: "local" (a process of this machine) or "ray" (an actor on node node_id).
+    pid: on its own node, 0 while not running. restarts: Ray's restarts of the actor.
+    """
+
+    role: str
+    index: int
+    backend: str = "local"
+    pid: int = 0
+    node_id: str = ""
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
 class ProduceJob:
     """Make file `seq` of `split`.
 
@@ -106,6 +123,10 @@ class ProductionBackend(abc.ABC):
     def pids(self) -> list[int]:
         """Process ids of this machine's producer processes, for stats."""
         return []
+
+    def workers(self) -> list[WorkerPlace]:
+        """Every producer process or actor and where it runs, for stats."""
+        return [WorkerPlace("provider", i, pid=pid) for i, pid in enumerate(self.pids())]
 
     def stats(self) -> dict[str, Any] | None:
         """Backend-specific stats (a curriculum composer's), or None."""

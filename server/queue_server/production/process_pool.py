@@ -19,6 +19,7 @@ from queue_server.production.backend import (
     ProduceJob,
     ProductionBackend,
     SlotDied,
+    WorkerPlace,
 )
 from queue_server.production.worker_process import WorkerDied, WorkerError, WorkerProcess
 
@@ -104,3 +105,9 @@ class ProcessPoolBackend(ProductionBackend):
 
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers if w is not None and w.pid is not None]
+
+    def workers(self) -> list[WorkerPlace]:
+        return [
+            WorkerPlace("provider", slot, pid=(w.pid or 0) if w is not None else 0)
+            for slot, w in enumerate(self._workers)
+        ]

@@ -37,6 +37,7 @@ from queue_server.production.backend import (
     ProduceJob,
     ProductionBackend,
     SlotDied,
+    WorkerPlace,
 )
 from queue_server.production.ray_actor import Failed, Made, ProviderActor, Started
 from queue_server.production.ray_calls import (
@@ -193,6 +194,12 @@ class RayBackend(ProductionBackend):
     def pids(self) -> list[int]:
         """Empty: actors are processes of Ray nodes, maybe of other machines (see stats())."""
         return []
+
+    def workers(self) -> list[WorkerPlace]:
+        return [
+            WorkerPlace("provider", slot, "ray", s.pid, s.node_id, s.restarts)
+            for slot, s in sorted(self._slots.items())
+        ]
 
     def stats(self) -> dict[str, Any] | None:
         """Where each slot's actor runs, and how often Ray restarted it."""

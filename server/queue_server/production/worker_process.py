@@ -20,6 +20,8 @@ from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
+from queue_server.production.backend import WorkerPlace
+
 log = logging.getLogger("queue_server.worker_process")
 
 # Stream states (a text provider's packer buffer) can be large; one line must fit.
@@ -181,6 +183,9 @@ class WorkerProcess:
         if proc.exitcode is None:
             proc.kill()
             await asyncio.to_thread(proc.join, timeout_s)
+
+    def place(self, role: str, index: int) -> WorkerPlace:
+        return WorkerPlace(role, index, pid=self.pid or 0)
 
     def kill(self) -> None:
         self._unwatch()
