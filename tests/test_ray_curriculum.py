@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import textwrap
 from collections.abc import Collection
 from pathlib import Path
@@ -20,7 +19,7 @@ from auditor import audit
 from grpc_health.v1 import health_pb2
 from ray_cluster import PINNED_LABEL, RayCluster, RayHead, free_port
 
-from conftest import ServerFactory, skewed_corpus, subprocess_env, wait_until
+from conftest import ServerFactory, process_tree, skewed_corpus, subprocess_env, wait_until
 from queue_client import QueueClient
 from queue_server.app import health_name
 from queue_server.curriculum.ray_composer import RayComposer
@@ -118,26 +117,6 @@ def wait_composers(count: int, not_in: Collection[str] = ()) -> dict[str, Any]:
         60,
         f"{count} new composer actors",
     )
-
-
-def process_tree(root: int) -> set[int]:
-    """`root` and every process descended from it, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path("/proc", entry, "stat").read_text()
-        except OSError:  # ended meanwhile
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo += children.get(pid, [])
-    return tree
 
 
 @pytest.fixture(scope="module")

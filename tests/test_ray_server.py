@@ -21,7 +21,7 @@ from auditor import audit
 from grpc_health.v1 import health_pb2
 from ray_cluster import SUPPORT, RayCluster, RayHead, free_port
 
-from conftest import ServerFactory, char_config, subprocess_env, wait_until
+from conftest import ServerFactory, char_config, process_tree, subprocess_env, wait_until
 from queue_server.app import health_name
 from queue_server.testing import ServerProcess
 
@@ -236,6 +236,42 @@ def test_the_whole_cluster_gone_and_back_without_a_server_restart(
     assert (stats["state"], stats["last_error"]) == ("serving", "")
     audit(server, "chars", consumed_batches={"train": positions(rows)})
     assert server.proc.poll() is None  # the same server process throughout
+
+
+@pytest.mark.xdist_group("ray")  # a Ray instance of its own: not beside the session's
+def test_a_local_ray_instance_runs_more_actors_than_cores_and_stops_with_the_server(
+    start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    """ray_address = "local" is for trying Ray on one machine: every actor the config asks
+    for runs (sharing the cores, as worker processes do), not only one per core with the rest
+    waiting for good. A SIGTERM stops the server cleanly (exit 0, no stack dump, no gRPC fork
+    noise) and the Ray instance with it: none of its processes outlives the server. (Beyond 4
+    cores the actors would fit anyway; the test then shows only the clean stop.)"""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchqueue[ray]'")
+    workers = min(os.cpu_count() or 1, 4) + 1  # train's actors alone outnumber the cores
+    server = start_server(char_config(corpus, extra=ray_keys("local", workers=workers)))
+    rows = read_batches(server, "chars", 2 * BPF, tmp_path / "read.jsonl")
+    assert positions(rows) == in_order(2)
+
+    def running() -> list[dict[str, str]] | None:
+        places = server.split_stats("chars")["workers"]
+        return places if places and all(int(w["pid"]) for w in places) else None
+
+    places = wait_until(running, 120, f"all {workers} actors of train running")
+    assert [(w["backend"], int(w["index"])) for w in places] == [("ray", i) for i in range(workers)]
+    assert len({w["node_id"] for w in places}) == 1  # the one node of the local instance
+    ray_processes = process_tree(server.pid) - {server.pid}
+    assert {int(w["pid"]) for w in places} <= ray_processes
+
+    server.stop()
+    assert server.proc.returncode == 0, server.log_tail()
+    log = server.log()
+    assert "SIGTERM received" not in log and "fork() handlers" not in log, log
+    wait_until(
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in ray_processes),
+        30,
+        "every process of the local Ray instance to end with the server",
+    )
 
 
 def test_an_unreachable_ray_address_exits_2_within_15_s_naming_it(

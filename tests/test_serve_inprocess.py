@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import char_config, run_client_script, subprocess_env
+from conftest import char_config, run_client_script, subprocess_env, wait_until
 from queue_client import QueueClient
 from queue_client.batchfile import scan_queue
 from queue_client.errors import ConfigError
@@ -145,6 +145,13 @@ def test_the_data_root_is_consistent_after_exit_and_serves_again(
         client = QueueClient(address, "chars", rank=0, world_size=1, reconnect_timeout_s=0.5)
         for _ in range(5):  # into the third file: two consumed, one still leased
             client.get_batch("train")
+
+        def consumed() -> int:
+            (train,) = [s for s in client.stats()["splits"] if s["split"] == "train"]
+            return int(train["consumed_files"])
+
+        # Releases go in the background: stop once the server has taken the first one.
+        wait_until(lambda: consumed() >= 1, 30, "the first file's release")
     client.close()
     assert not sock.exists()
     # Nothing half-written anywhere, and the root is free for the next server.

@@ -1,5 +1,5 @@
 import sys
 
-from queue_server.cli import main
+from queue_server.entry import main
 
 sys.exit(main())

@@ -38,6 +38,7 @@ from queue_server.config import ServerConfig, parse_listen
 from queue_server.dataset import FAILED, SERVING, DatasetRuntime
 from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
+from queue_server.production import ray_connect
 from queue_server.root_lock import DataRootLock
 from queue_server.servicer import BatchQueueServicer
 from queue_server.split_queue import SplitQueue
@@ -256,6 +257,8 @@ class QueueServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await asyncio.gather(*(rt.close() for rt in self.datasets.values()), return_exceptions=True)
+        # After every actor is stopped; a "local" Ray instance stops here too.
+        await asyncio.to_thread(ray_connect.disconnect)
         # Every worker is stopped and reaped now: what its interrupted writes left can go.
         removed = await asyncio.to_thread(
             remove_orphan_temp_files, [rt.dir for rt in self.datasets.values()]

@@ -213,8 +213,6 @@ def _reset(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Workers are started with fork+exec; gRPC's fork handlers only add noise for that.
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["reset"]:
         return _reset(argv[1:])

@@ -4,7 +4,7 @@ RayComposer has the interface CurriculumBackend uses from a WorkerProcess (label
 call, stop, kill, pid, on_exit, init_request) and speaks the same JSON requests, so the lane
 does not care which kind runs its composers. The actor (composer_actor.ComposerActor) is
 placed like a provider actor (`ray_placement`: spread, or on the nodes carrying a label) and
-reserves one CPU: a composer is one busy thread. Each actor is named after its composer
+reserves what a provider actor does (ray_connect.actor_cpus: one CPU on a cluster). Each actor is named after its composer
 ("DATASET/SPLIT composer [SHARD] ID", in Ray's namespace "batchqueue"), so `ray list actors`
 tells them apart.
 
@@ -39,6 +39,7 @@ from queue_server.production.ray_calls import (
 from queue_server.production.ray_connect import (
     LOCAL,
     SPREAD,
+    actor_cpus,
     connect,
     import_ray,
     placement_options,
@@ -70,7 +71,7 @@ class RayComposer:
         *,
         ray_address: str = LOCAL,
         placement: str = SPREAD,
-        num_cpus: float = 1.0,
+        num_cpus: float | None = None,
         start_timeout_s: float = 120.0,
     ) -> None:
         self.label = label
@@ -79,7 +80,7 @@ class RayComposer:
         self._options = placement_options(placement)
         self._init = dict(init)
         self._cwd = str(cwd)
-        self._num_cpus = num_cpus
+        self._num_cpus = actor_cpus(ray_address) if num_cpus is None else num_cpus
         self._start_timeout_s = start_timeout_s
         self._actor: Any = None
         self._gcs_address = ""

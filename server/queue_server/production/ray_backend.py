@@ -50,6 +50,7 @@ from queue_server.production.ray_calls import (
 from queue_server.production.ray_connect import (
     LOCAL,
     SPREAD,
+    actor_cpus,
     connect,
     import_ray,
     placement_options,
@@ -75,7 +76,7 @@ class RayBackend(ProductionBackend):
     meta_json: the settled meta, sent to every provider before its first file.
     cwd: the config directory, where relative provider paths are resolved on every node.
     ray_address, placement: the dataset's ray_address and ray_placement.
-    num_cpus: the logical CPUs each actor reserves on its node (one busy thread).
+    num_cpus: the logical CPUs each actor reserves on its node (default: actor_cpus).
     start_timeout_s: how long a slot may wait for a node to take its actor.
     """
 
@@ -90,7 +91,7 @@ class RayBackend(ProductionBackend):
         slots: int,
         ray_address: str = LOCAL,
         placement: str = SPREAD,
-        num_cpus: float = 1.0,
+        num_cpus: float | None = None,
         start_timeout_s: float = 120.0,
     ) -> None:
         self.split = split
@@ -102,7 +103,7 @@ class RayBackend(ProductionBackend):
         self._init = dict(init)
         self._meta_json = meta_json
         self._cwd = str(cwd)
-        self._num_cpus = num_cpus
+        self._num_cpus = actor_cpus(ray_address) if num_cpus is None else num_cpus
         self._start_timeout_s = start_timeout_s
         self._label = f"{self._init.get('dataset', '?')}/{split}"
         self._slots: dict[int, _Slot] = {}

@@ -33,6 +33,9 @@ def import_ray() -> Any:
     # Never start a cluster behind our back: an actor made while the connection is being
     # renewed must fail (and be made again), not start a local Ray inside the server.
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    # The server owns SIGTERM and SIGINT (a clean stop, exit code 0). Ray's handler for
+    # failure signals would print a stack dump on SIGTERM. (Read when ray is imported.)
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         import ray
     except ImportError:
@@ -58,6 +61,15 @@ def placement_options(placement: str) -> dict[str, Any]:
 _connect_lock = threading.Lock()
 _connected_to: str | None = None
 _connections = 0  # how many times this process joined a cluster
+
+
+def actor_cpus(address: str) -> float:
+    """The logical CPUs each actor reserves. On a cluster one (a provider or composer is one
+    busy thread), which spreads them over nodes by their cores. An instance started with
+    "local" is one node with as many CPUs as the machine: reserving one each would leave the
+    actors past that count waiting for good (a 2-core laptop could not run train's 2 actors
+    beside val's), so there they reserve none and share the cores, as worker processes do."""
+    return 0.0 if address == LOCAL else 1.0
 
 
 def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
@@ -113,6 +125,18 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
         _connected_to = address
         _connections += 1
         return _connections
+
+
+def disconnect() -> None:
+    """Leave Ray at the server's stop. An instance started with "local" stops with it: its
+    processes (the head, the raylet and their agents) would outlive the server otherwise.
+    A no-op where this process never joined a cluster (Ray is not even imported)."""
+    global _connected_to
+    with _connect_lock:
+        if _connected_to is None:
+            return
+        _connected_to = None
+        import_ray().shutdown()
 
 
 def _listening(address: str, timeout_s: float = 2.0) -> bool:
