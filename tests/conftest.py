@@ -25,6 +25,21 @@ SUPPORT = Path(__file__).resolve().parent / "support"
 pytest_plugins = ["ray_cluster"]  # the session's two-node Ray cluster fixture
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the tests that share a module-scoped fixture (servers started once
+    for the module) run in one worker process, so the fixture is built once per run, not
+    once per worker that happens to get one of them. Tests already in a group (the Ray
+    ones) stay there."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d[-1].scope == "module" for d in defs if d):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 def train_losses(
     client: Any, params: Any, loss_of: Callable[[Any], Any], lr: float, steps: int = 30
 ) -> list[float]:

@@ -13,6 +13,10 @@ the same file. A restarted actor has lost its forward stream, though, so for a p
 streams a reply from a new incarnation raises SlotDied, and production restarts the slot from
 the journaled state (start_slot sends that state to the actor). An actor that is gone for good,
 or a cluster that is gone, also raises SlotDied; the provider's own errors raise ProduceFailed.
+A cluster that goes away while no call is in flight (every slot idle behind a full backlog)
+is noticed by a watch that asks the head every CLUSTER_CHECK_S: the idle slots are reported
+exited (on_slot_exit), and their restart finds the cluster gone, so the dataset turns
+NOT_SERVING then, not when the next file is wanted.
 
 Requirements: provider inputs (args' paths, relative to the config directory) and the data
 root's dataset directory must be at the same paths on every node that may run an actor, and
@@ -41,11 +45,13 @@ from queue_server.production.backend import (
 )
 from queue_server.production.ray_actor import Failed, Made, ProviderActor, Started
 from queue_server.production.ray_calls import (
+    CLUSTER_CHECK_S,
     ClusterGone,
     actor_reply,
     awaitable,
     check_some_node_matches,
     gist,
+    head_answers,
 )
 from queue_server.production.ray_connect import (
     LOCAL,
@@ -110,10 +116,13 @@ class RayBackend(ProductionBackend):
         self._stateful = False
         self._actor_class: Any = None
         self._connection = 0  # connect()'s number when _actor_class was made
+        self._watch: asyncio.Task[None] | None = None
 
     # ---- ProductionBackend ------------------------------------------------------------------
     async def start_slot(self, slot: int, state: dict[str, Any] | None) -> bool:
         await self._connect()
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.ensure_future(self._watch_cluster())
         reused = self._slots.get(slot)
         current = reused or self._create(slot)
         timeout_s = self._start_timeout_s
@@ -186,11 +195,31 @@ class RayBackend(ProductionBackend):
             ray.kill(current.actor, no_restart=True)
 
     async def close(self) -> None:
+        self._stop_watch()
         await asyncio.gather(*(self.stop_slot(slot) for slot in list(self._slots)))
 
     def kill(self) -> None:
+        self._stop_watch()
         for slot in list(self._slots):
             self._forget(slot)
+
+    async def _watch_cluster(self) -> None:
+        """Report every slot exited once the head stops answering (see the module's doc)."""
+        ray = import_ray()
+        while True:
+            await asyncio.sleep(CLUSTER_CHECK_S)  # the period of the check
+            if not self._slots or self.on_slot_exit is None:
+                continue
+            address = ray.get_runtime_context().gcs_address
+            if await asyncio.to_thread(head_answers, address):
+                continue
+            for slot in list(self._slots):
+                self.on_slot_exit(slot)  # production ignores the slots that are in a call
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
 
     def pids(self) -> list[int]:
         """Empty: actors are processes of Ray nodes, maybe of other machines (see stats())."""

@@ -11,6 +11,16 @@ from typing import Any
 from queue_server.production.backend import ProduceFailed
 from queue_server.production.ray_connect import _listening as head_answers
 
+__all__ = [
+    "CLUSTER_CHECK_S",
+    "ClusterGone",
+    "actor_reply",
+    "awaitable",
+    "check_some_node_matches",
+    "gist",
+    "head_answers",
+]
+
 # How often a call that waits on an actor checks that the cluster's head still answers.
 CLUSTER_CHECK_S = 2.0
 
