@@ -210,8 +210,11 @@ class RayBackend(ProductionBackend):
             await asyncio.sleep(CLUSTER_CHECK_S)  # the period of the check
             if not self._slots or self.on_slot_exit is None:
                 continue
-            address = ray.get_runtime_context().gcs_address
-            if await asyncio.to_thread(head_answers, address):
+            try:
+                address = ray.get_runtime_context().gcs_address
+                if await asyncio.to_thread(head_answers, address):
+                    continue
+            except Exception:  # between joins (no connection): the restarts are under way
                 continue
             for slot in list(self._slots):
                 self.on_slot_exit(slot)  # production ignores the slots that are in a call
