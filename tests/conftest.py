@@ -223,3 +223,13 @@ def process_tree(root: int) -> set[int]:
         tree.add(pid)
         todo += children.get(pid, [])
     return tree
+
+
+def process_gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie nobody has reaped yet counts as exited). A
+    process can end between the open of its /proc file and the read (ESRCH)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return "\nState:\tZ" in status

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
-from conftest import ServerFactory, char_config, subprocess_env, wait_until
+from conftest import ServerFactory, char_config, process_gone, subprocess_env, wait_until
 from queue_client.layout import is_temp_name
 from queue_server.app import health_name
 from queue_server.production.preparation import Preparation
@@ -59,14 +59,6 @@ def temp_files(root: Path) -> list[str]:
         for name in [*files, *dirs]
         if is_temp_name(name)
     ]
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
-    return "\nState:\tZ" in status
 
 
 # ---- saying what it does ------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from conftest import NO_METRICS_LISTEN, char_config, subprocess_env, wait_until
+from conftest import NO_METRICS_LISTEN, char_config, process_gone, subprocess_env, wait_until
 from queue_client import QueueClient, errors
 from queue_client.batchfile import load_batch_file, scan_queue
 
@@ -132,15 +132,6 @@ def test_dataset_dir_built_from_another_config_is_refused_not_deleted(
     assert meta.read_bytes() == before
 
 
-def _process_gone(pid: int) -> bool:
-    """True once `pid` has exited (a zombie nobody has reaped yet counts as exited)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
-    return "\nState:\tZ" in status
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_die_with_a_killed_server_even_mid_file(start_server) -> None:
     """A SIGKILLed server takes its busy workers with it, so none can publish a file or leave a
@@ -163,7 +154,7 @@ def test_workers_die_with_a_killed_server_even_mid_file(start_server) -> None:
     )
     server.kill(signal.SIGKILL)
     # Each worker is inside a 120 s file; left alone it would live on and publish it.
-    wait_until(lambda: all(_process_gone(p) for p in pids), 20, "the workers to exit")
+    wait_until(lambda: all(process_gone(p) for p in pids), 20, "the workers to exit")
 
 
 def test_a_worker_that_dies_while_idle_is_restarted_at_once(start_server, corpus: Path) -> None:
