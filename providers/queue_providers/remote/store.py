@@ -190,9 +190,9 @@ class RemoteStore:
         except ObjectChanged as exc:
             raise ConfigError(
                 f"{obj.where} changed while being read: it was {obj.size} bytes, "
-                f"{obj.identity} when listed, and the server now answers "
-                f"{exc.found or 'for another version (If-Match failed)'}; no byte of the new "
-                "version was used. Restore it, or rebuild the dataset (`queue-server reset NAME`)"
+                f"{obj.identity} when listed, and the server now answers for "
+                f"{exc.found or self._identity_now(obj)}; no byte of the new version was "
+                "used. Restore it, or rebuild the dataset (`queue-server reset NAME`)"
             ) from None
         if len(data) == obj.size and end - start != obj.size:
             data = data[start:end]  # a server that ignores Range sends the whole object
@@ -202,6 +202,14 @@ class RemoteStore:
                 "object is shorter than when it was listed (it changed)"
             )
         return data
+
+    def _identity_now(self, obj: RemoteObject) -> str:
+        """The identity the server gives `obj` now, of the kind listed (for an error)."""
+        try:
+            info = self.info(obj.url)
+        except ConfigError:
+            return "another version (If-Match failed)"
+        return f"{info.get('size')} bytes, {same_kind(info, obj.identity) or 'no identity'}"
 
     def check_unchanged(self, obj: RemoteObject) -> None:
         """ConfigError when the object's size or identity moved since it was listed: its
