@@ -107,3 +107,23 @@ def test_a_pinned_copy_survives_eviction_by_another_process(tmp_path: Path) -> N
         assert out.returncode == 0, out.stderr
     assert copy.read_bytes() == FILES["nano/train.bin"]
     assert sum(p.stat().st_size for p in cache.iterdir()) <= NEED + BLOCK
+
+
+def test_copies_read_once_are_held_only_while_read(tmp_path: Path) -> None:
+    """local_files (the tokenized providers' reads) holds its copies during the `with` only:
+    inside, eviction keeps them; after, they may go like any entry."""
+    from queue_providers.remote import BlockCache, local_files
+
+    with ObjectServer(FILES) as http:
+        cache = tmp_path / "cache"
+        store = RemoteStore(RemoteSettings({}, cache, cache_bytes=NEED, block_bytes=BLOCK))
+        objects = [store.stat(http.url(f"nano/{n}.bin")) for n in ("train", "val")]
+        squeeze = BlockCache(cache, max_bytes=1)
+        with local_files(objects) as paths:
+            squeeze.evict()
+            assert [p.read_bytes() for p in paths] == [
+                FILES["nano/train.bin"],
+                FILES["nano/val.bin"],
+            ]
+        squeeze.evict()
+        assert not any(p.exists() for p in paths)

@@ -2,8 +2,8 @@
 
 `bounded` runs one fsspec call within the time given: fsspec's async filesystems (http, s3,
 gs) get the call cancelled when the time runs out, so neither a silent endpoint nor one that
-trickles bytes holds a read past it. (A filesystem without an async core is called as it is:
-its own timeouts bound it.)
+trickles bytes holds a read past it. A filesystem without an async core (hf://) is called on a
+thread that is abandoned when the time runs out.
 
 `read_range` reads bytes of the one version of an object its identity names. Over http(s) it
 sends `If-Match: <ETag>` and checks the ETag of the answer; over s3 it asks for the version id,
@@ -14,6 +14,8 @@ versions is never possible, whether or not the server honours If-Match.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from queue_providers.remote.failures import ObjectChanged, chain, status_of
@@ -25,12 +27,35 @@ PINNED_PROTOCOLS = frozenset({"http", "s3"})
 
 
 def bounded(fs: Any, method: str, *args: Any, seconds: float, **kwargs: Any) -> Any:
-    """fs.<method>(*args, **kwargs), cancelled after `seconds` where fs is async."""
+    """fs.<method>(*args, **kwargs) within `seconds`: cancelled where fs is async; else run
+    on a thread of its own and abandoned (TimeoutError) when the time is up."""
     if getattr(fs, "async_impl", False) and hasattr(fs, f"_{method}"):
         from fsspec.asyn import sync
 
         return sync(fs.loop, getattr(fs, f"_{method}"), *args, timeout=seconds, **kwargs)
-    return getattr(fs, method)(*args, **kwargs)
+    return _on_a_thread(lambda: getattr(fs, method)(*args, **kwargs), seconds)
+
+
+def _on_a_thread(call: Callable[[], Any], seconds: float) -> Any:
+    """call() on a daemon thread, waited for `seconds`. A sync client cannot be cancelled, so
+    one that never returns is left behind (its own socket timeouts end it eventually)."""
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="remote-request", daemon=True).start()
+    if not done.wait(seconds):
+        raise TimeoutError(f"no answer within {seconds:.1f}s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def read_range(

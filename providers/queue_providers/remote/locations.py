@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -80,12 +80,34 @@ def arrow_source(location: Location) -> Iterator[Any]:
 
 def local_file(location: Location | RemotePath) -> Path:
     """A local path to read `location` by: itself, or a copy of the remote object in the
-    input cache (for readers that memory-map, or open by path)."""
+    input cache, kept from eviction for as long as the provider lives (for readers that
+    memory-map it). A reader done with it once read uses `local_files` instead."""
     if isinstance(location, RemotePath):
         location = location.object()
     if isinstance(location, RemoteObject):
         return location.store.local_copy(location)
     return Path(location)
+
+
+@contextlib.contextmanager
+def local_files(locations: Sequence[Location | RemotePath]) -> Iterator[list[Path]]:
+    """Local paths to read `locations` by, kept from eviction until the `with` ends (they
+    must fit in the input cache together: ConfigError naming the sizes otherwise)."""
+    held: list[tuple[RemoteStore, Path]] = []
+    try:
+        paths = []
+        for location in locations:
+            obj = location.object() if isinstance(location, RemotePath) else location
+            if isinstance(obj, RemoteObject):
+                path = obj.store.local_copy(obj)
+                held.append((obj.store, path))
+                paths.append(path)
+            else:
+                paths.append(Path(obj))
+        yield paths
+    finally:
+        for store, path in held:
+            store.unpin(path)
 
 
 def shown(location: Location | RemotePath) -> str:

@@ -34,7 +34,8 @@ class RemoteStore:
         self.settings = settings or RemoteSettings()
         self._filesystems: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._pins: dict[Path, tuple[int, int]] = {}  # local copy -> (locked fd, its bytes)
+        # local copy in use -> [locked fd, its bytes, how many users hold it]
+        self._pins: dict[Path, list[int]] = {}
         s = self.settings
         self.cache = (
             BlockCache(s.cache_dir, s.cache_bytes) if s.cache_dir and s.cache_bytes > 0 else None
@@ -243,8 +244,8 @@ class RemoteStore:
     def local_copy(self, obj: RemoteObject) -> Path:
         """The whole object as a local file in the input cache, for a reader that must
         memory-map it or open it by path. Downloaded once per identity and pinned (never
-        evicted) for the life of this store; counted in cache_bytes like the blocks, so all
-        the copies a provider holds at once must fit there."""
+        evicted) until as many unpin() calls as local_copy() calls, or the store's end;
+        counted in cache_bytes like the blocks, so the copies in use at once must fit there."""
         s = self.settings
         if s.cache_dir is None:
             raise ConfigError(f"{obj.where} must be copied to local disk but there is no cache dir")
@@ -252,8 +253,9 @@ class RemoteStore:
         path = input_cache_file(s.cache_dir, f"file-{obj.key}-{safe}")
         with self._lock:
             if path in self._pins:
+                self._pins[path][2] += 1
                 return path
-        held = sum(n for p, (_, n) in self._pins.items() if p != path)
+            held = sum(n for _, n, _ in self._pins.values())
         if held + obj.size > s.cache_bytes:
             raise ConfigError(
                 f"{obj.where} is {obj.size} bytes and is read from a local copy, which must fit "
@@ -273,7 +275,11 @@ class RemoteStore:
 
     def _pinned(self, path: Path, fd: int, size: int) -> Path:
         with self._lock:
-            self._pins[path] = (fd, size)
+            if path in self._pins:  # another thread pinned it meanwhile
+                os.close(fd)
+                self._pins[path][2] += 1
+                return path
+            self._pins[path] = [fd, size, 1]
         if self.cache is not None:
             self.cache.evict(keep=path)
         return path
@@ -290,13 +296,18 @@ class RemoteStore:
 
         atomic_write(path, write)
 
-    def release(self) -> None:
-        """Drop the pins on local copies (they may then be evicted)."""
+    def unpin(self, path: Path) -> None:
+        """One user of a local copy is done with it; with the last, it may be evicted."""
         with self._lock:
-            pins, self._pins = self._pins, {}
-        for fd, _ in pins.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            pinned = self._pins.get(path)
+            if pinned is None:
+                return
+            pinned[2] -= 1
+            if pinned[2] > 0:
+                return
+            del self._pins[path]
+        with contextlib.suppress(OSError):
+            os.close(pinned[0])
 
 
 def _unstrip(base: str, name: str) -> str:
