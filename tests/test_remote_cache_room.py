@@ -72,7 +72,7 @@ def test_copies_in_use_are_never_evicted_and_are_downloaded_once(tmp_path: Path)
             providers.append(p)
         cache = tmp_path / "nano" / "input-cache"
         copies = sorted(cache.glob("file-*"))
-        assert [c.name.rsplit("-", 1)[-1] for c in copies] == ["train.bin", "val.bin"]
+        assert sorted(c.name.rsplit("-", 1)[-1] for c in copies) == ["train.bin", "val.bin"]
         store = RemoteStore(RemoteSettings({}, cache, cache_bytes=NEED, block_bytes=BLOCK))
         with store.stat(http.url("other.jsonl")).open() as f:
             assert f.read() == FILES["other.jsonl"]
