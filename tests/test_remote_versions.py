@@ -88,21 +88,31 @@ def test_an_s3_object_rewritten_mid_read_fails_the_read_naming_both_etags(
     assert tag_a in message and tag_b in message, message
 
 
-def test_a_versioned_s3_object_is_read_whole_from_the_version_listed(
-    s3: S3Server, aws_env: None, tmp_path: Path
+@pytest.mark.parametrize("version_aware", [True, False], ids=["version-aware", "plain"])
+def test_a_versioned_s3_object_is_read_from_the_version_listed_or_refused(
+    s3: S3Server, aws_env: None, tmp_path: Path, version_aware: bool
 ) -> None:
-    """In a versioned bucket the listed version id pins every block: a rewrite mid-read
-    changes nothing of what this read returns (all of version A)."""
+    """In a versioned bucket the listed version id pins every block: with version_aware the
+    old version is asked for, so a rewrite mid-read changes nothing of what this read returns
+    (all of version A); without it (no s3:GetObjectVersion needed) the answer's version id
+    gives the rewrite away and the read fails naming both versions."""
     bucket = f"bq-{uuid.uuid4().hex[:12]}"
     client = s3.client()
     client.create_bucket(Bucket=bucket)
     client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     version_a = client.put_object(Bucket=bucket, Key="c.bin", Body=VERSION_A)["VersionId"]
-    obj = store(tmp_path, endpoint_url=s3.endpoint, skip_instance_cache=True).stat(
-        f"s3://{bucket}/c.bin"
-    )
+    options = {"endpoint_url": s3.endpoint, "skip_instance_cache": True}
+    url = f"s3://{bucket}/c.bin"
+    obj = store(tmp_path, version_aware=version_aware, **options).stat(url)
     assert obj.identity == f"version:{version_a}"
     with obj.open() as f:
         first = f.read(BLOCK)
-        client.put_object(Bucket=bucket, Key="c.bin", Body=VERSION_B)
-        assert first + f.read() == VERSION_A
+        version_b = client.put_object(Bucket=bucket, Key="c.bin", Body=VERSION_B)["VersionId"]
+        if version_aware:
+            assert first + f.read() == VERSION_A
+            return
+        with pytest.raises(ConfigError) as err:
+            f.read()
+    message = str(err.value)
+    assert f"input {url!r} changed while being read" in message, message
+    assert version_a in message and version_b in message, message

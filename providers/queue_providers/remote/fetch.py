@@ -6,8 +6,8 @@ trickles bytes holds a read past it. A filesystem without an async core (hf://) 
 thread that is abandoned when the time runs out.
 
 `read_range` reads bytes of the one version of an object its identity names. Over http(s) it
-sends `If-Match: <ETag>` and checks the ETag of the answer; over s3 it asks for the version id,
-or sends IfMatch and checks the answer's ETag. A server that has since replaced the object
+sends `If-Match: <ETag>` and checks the ETag of the answer; over s3 it asks for the version id
+(with version_aware) or checks the answer's, or sends IfMatch and checks the answer's ETag. A server that has since replaced the object
 answers 412 or with another ETag, and the read raises ObjectChanged: a file made of two
 versions is never possible, whether or not the server honours If-Match.
 """
@@ -99,7 +99,9 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, identity: str) -> 
     request: dict[str, Any] = {"Range": f"bytes={start}-{end - 1}"}
     version = version_of(identity) or listed_version
     etag = etag_of(identity)
-    if version:
+    if version and getattr(fs, "version_aware", False):
+        # Asking for an old version needs s3:GetObjectVersion: only where the user chose
+        # version_aware; otherwise the answer's version id is checked below.
         request["VersionId"] = version
     if etag:
         request["IfMatch"] = etag
