@@ -132,7 +132,7 @@ class RemoteSettings:
         protocol's own table; every other key applies to all; batchqueue's defaults below."""
         protocols = _known_protocols()
         shared = {k: v for k, v in self.storage_options.items() if k not in protocols}
-        own = {}
+        own: dict[str, Any] = {}
         for name, value in self.storage_options.items():
             if name in protocols and protocol_of(f"{name}://") == protocol:
                 own.update(value if isinstance(value, Mapping) else {})

@@ -28,6 +28,7 @@ import torch
 
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.inputs import Input
 from queue_providers.remote import (
     RemoteStore,
     input_path,
@@ -189,7 +190,7 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
     def check_info(self, info: Mapping[str, Any]) -> None:
         """Refuse arrays that cannot be sampled from, naming the split (ConfigError)."""
 
-    def input_files(self) -> list[Path]:
+    def input_files(self) -> Sequence[Input]:
         """The input files (or the dataset's), the val input files and the tokenizer file."""
         hf = self.hf.locations() if self.hf is not None else []
         return [*self.inputs, *(self.val_inputs or []), *hf, self.tok.path]
