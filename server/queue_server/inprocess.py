@@ -72,6 +72,8 @@ _SAID = "queue-server: "
 _CONFIG_ERROR = _SAID + "config error: "
 # How long a server whose dataset failed gets to stop and print its reason.
 _EXIT_AFTER_FAILURE_S = 30.0
+# How long a server whose caller is gone gets for its graceful stop.
+_ORPHAN_STOP_S = 60.0
 
 
 class ServeError(RuntimeError):
@@ -301,6 +303,12 @@ def _child_main(argv: list[str]) -> int:
         def on_parent_gone() -> None:
             parent_gone.set()
             os.kill(os.getpid(), signal.SIGTERM)
+            # A stop that hangs is a bug, but no orphan may hold the port and the lock for
+            # it: past this, exit at once (workers exit with the server's end of their
+            # sockets, and the kernel drops the lock).
+            watchdog = threading.Timer(_ORPHAN_STOP_S, os._exit, args=(1,))
+            watchdog.daemon = True
+            watchdog.start()
 
         watch_parent(args.parent_pipe, on_parent_gone)
     try:
