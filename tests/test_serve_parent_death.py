@@ -63,7 +63,7 @@ def test_a_server_whose_caller_is_killed_stops_and_frees_the_data_root(
         caller.wait(timeout=30)
         wait_until(
             lambda: all(process_gone(pid) for pid in server_side),
-            60,
+            120,
             f"the server processes {sorted(server_side)} to end with their caller",
         )
         assert not socket_dir.exists()
