@@ -175,7 +175,8 @@ def test_the_data_root_is_consistent_after_exit_and_serves_again(
     # (journal first, memory after: the line comes after the worker's reply). Such a file is
     # only ever a seq the server was making past every journaled one, and the next start
     # removes it (reconcile.py) and makes that seq again, identically. A consumed file whose
-    # deletion the stop overtook is on disk too, and goes the same way.
+    # deletion the stop overtook is on disk too, and goes the same way. (One worker here, so
+    # seqs are made in order and the one in flight is past every journaled one.)
     journaled = set(summary.produced) | summary.consumed
     unjournaled = [n for n in names if n.seq not in journaled]
     assert all(n.seq > max(journaled) for n in unjournaled), (unjournaled, summary.produced)
