@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from conftest import (
@@ -20,6 +21,8 @@ from conftest import (
     subprocess_env,
     wait_until,
 )
+from queue_client import QueueClient
+from queue_server import serve
 from queue_server.testing import ServerProcess
 
 
@@ -101,3 +104,19 @@ def test_a_process_forked_from_the_caller_does_not_keep_the_pipe_open() -> None:
         """
     )
     assert proc.stdout.strip() == "eof"
+
+
+def test_the_server_outlives_the_thread_that_started_it(corpus: Path, tmp_path: Path) -> None:
+    """The process's death stops the server, not the end of the thread that called serve()
+    (serve_async enters in a worker thread): a parent-death signal would get this wrong."""
+    manager = serve(char_config(corpus), data_root=tmp_path / "root")
+    entered: list[str] = []
+    starter = threading.Thread(target=lambda: entered.append(manager.__enter__()))
+    starter.start()
+    starter.join(timeout=180)
+    assert entered, "serve() did not return within 180 s"
+    try:
+        with QueueClient(entered[0], "chars", rank=0, world_size=1) as client:
+            assert tuple(client.get_batch("train")[0].shape) == (4, 16)
+    finally:
+        manager.__exit__(None, None, None)
