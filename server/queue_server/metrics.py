@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -191,14 +192,27 @@ class MetricsServer:
         self.address = ""
 
     async def start(self) -> str:
+        """Listen; OSError naming the address and the setting when it cannot (most often a
+        second server on the host left at the default address)."""
         listen = parse_listen(self._listen)
+        try:
+            if listen.unix_path:
+                self._server = await asyncio.start_unix_server(self._handle, path=listen.unix_path)
+            else:
+                self._server = await asyncio.start_server(
+                    self._handle, host=listen.host, port=listen.port
+                )
+        except OSError as exc:
+            why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise OSError(
+                f"cannot listen for /metrics and /healthz on {self._listen} "
+                f"(server.metrics_listen, --metrics-listen): {why}; another "
+                "process, such as a second queue-server on this host, may hold it: give each "
+                'server its own --metrics-listen, or "" to turn the listener off',
+            ) from None
         if listen.unix_path:
-            self._server = await asyncio.start_unix_server(self._handle, path=listen.unix_path)
             self.address = f"unix:{listen.unix_path}"
         else:
-            self._server = await asyncio.start_server(
-                self._handle, host=listen.host, port=listen.port
-            )
             port = self._server.sockets[0].getsockname()[1]
             self.address = f"{listen.host}:{port}"
         return self.address
