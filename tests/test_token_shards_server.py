@@ -1,0 +1,150 @@
+"""token_shards on a real server: every format serves exactly its files' windows, and four
+ranks read each window of an epoch exactly once, also across a resume at another world size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import SUPPORT, ServerFactory, subprocess_env
+from token_files import write_llmc, write_megatron, write_prepared, write_raw
+
+T = 8
+VOCAB = 2000
+ELASTIC_B, ELASTIC_NB = 2, 5  # rows per file: 10
+
+
+def windows_of(ids: np.ndarray) -> list[tuple[int, ...]]:
+    """nanoGPT's windows at stride T, read with numpy: what the server must serve."""
+    return [tuple(ids[k * T : k * T + T + 1].tolist()) for k in range((len(ids) - 1) // T)]
+
+
+def formats_corpus(d: Path) -> tuple[list[str], list[tuple[int, ...]]]:
+    """One file per format, ids distinct across files; the inputs and every window."""
+    d.mkdir()
+    raw = write_raw(d / "raw.bin", np.arange(0, 90, dtype=np.uint16))
+    llmc = write_llmc(d / "fineweb_train_000001.bin", np.arange(100, 177))
+    np.save(d / "arr.npy", np.arange(200, 265, dtype=np.uint16))
+    mega = write_megatron(d / "mega", [np.arange(300, 340), np.arange(340, 401)])
+    prep = write_prepared(d / "prep", [[np.arange(500, 560)], [np.arange(600, 650), np.arange(650, 671)]], vocab_size=VOCAB)
+    expected = (
+        windows_of(np.fromfile(raw, dtype=np.uint16))
+        + windows_of(np.fromfile(llmc, dtype=np.uint16, offset=1024))
+        + windows_of(np.load(d / "arr.npy"))
+        + windows_of(np.fromfile(mega, dtype=np.uint16))
+        + windows_of(np.load(prep / "shard-000000.npy"))
+        + windows_of(np.load(prep / "shard-000001.npy"))
+    )
+    inputs = [str(raw), str(llmc), str(d / "arr.npy"), str(mega.with_suffix(".idx")), str(prep)]
+    return inputs, expected
+
+
+def elastic_corpus(d: Path) -> tuple[list[str], list[int]]:
+    """Six raw shards of uneven lengths; ids are positions, so x[0] names the window."""
+    d.mkdir()
+    lengths, first, starts = [57, 81, 9, 130, 66, 300], 0, []
+    for i, n in enumerate(lengths):
+        write_raw(d / f"s{i}.bin", np.arange(first, first + n, dtype=np.uint16))
+        starts += [first + k * T for k in range((n - 1) // T)]
+        first += n
+    return [str(d / "s*.bin")], starts
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("token_shards")
+    inputs, expected = formats_corpus(tmp / "formats")
+    elastic_inputs, elastic_starts = elastic_corpus(tmp / "elastic")
+    config = textwrap.dedent(
+        f"""
+        [server]
+        lease_ttl_s = 30
+        [datasets.formats]
+        provider = "token_shards"
+        batch_size = 4
+        batches_per_file = 3
+        [datasets.formats.args]
+        inputs = {json.dumps(inputs)}
+        block_size = {T}
+        vocab_size = {VOCAB}
+        [datasets.elastic]
+        provider = "token_shards"
+        batch_size = {ELASTIC_B}
+        batches_per_file = {ELASTIC_NB}
+        seed = 3
+        [datasets.elastic.args]
+        inputs = {json.dumps(elastic_inputs)}
+        block_size = {T}
+        vocab_size = {VOCAB}
+        """
+    )
+    factory = ServerFactory(tmp)
+    server = factory(config)
+    yield server, tmp, expected, elastic_starts
+    factory.close()
+
+
+def start_rank(address: str, dataset: str, rank: int, world: int, batches: int, out: Path, state_in: str = "-", state_out: str | None = None) -> subprocess.Popen:
+    args = [sys.executable, str(SUPPORT / "window_client.py"), address, dataset, str(rank), str(world), str(batches), str(out), state_in]
+    if state_out:
+        args.append(state_out)
+    return subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+
+
+def finish(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_format_serves_exactly_its_windows_once_per_epoch(served) -> None:
+    server, tmp, expected, _ = served
+    batches = -(-2 * len(expected) // 4)  # two epochs
+    out = tmp / "formats.jsonl"
+    finish([start_rank(server.address, "formats", 0, 1, batches, out)])
+    rows = [tuple(r) for line in read_lines(out) for r in line["rows"]]
+    n = len(expected)
+    for epoch in range(2):
+        got = rows[epoch * n : (epoch + 1) * n]
+        assert Counter(got) == Counter(expected)  # each window, byte for byte, exactly once
+    assert rows[:n] != rows[n : 2 * n]  # a new order each epoch
+
+
+def test_four_ranks_then_two_read_each_window_once_per_epoch(served) -> None:
+    server, tmp, _, starts = served
+    n = len(starts)
+    rows_per_file = ELASTIC_B * ELASTIC_NB
+    # Four ranks read one file and two batches of the next each, and save their state.
+    old = [tmp / f"old-r{r}.jsonl" for r in range(4)]
+    finish([
+        start_rank(server.address, "elastic", r, 4, ELASTIC_NB + 2, old[r], state_out=str(tmp / f"old-r{r}.state"))
+        for r in range(4)
+    ])  # fmt: skip
+    states = [json.loads((tmp / f"old-r{r}.state").read_text()) for r in range(4)]
+    (tmp / "all.state").write_text(json.dumps(states))
+    # Two ranks resume from the four states and read past the end of the first epoch.
+    per_rank = -(-(2 * n - 4 * (ELASTIC_NB + 2) * ELASTIC_B) // (2 * ELASTIC_B)) + ELASTIC_NB
+    new = [tmp / f"new-r{r}.jsonl" for r in range(2)]
+    finish([start_rank(server.address, "elastic", r, 2, per_rank, new[r], str(tmp / "all.state")) for r in range(2)])
+    by_row: dict[int, int] = {}
+    for path in old + new:
+        for line in read_lines(path):
+            for i, row in enumerate(line["rows"]):
+                global_row = line["seq"] * rows_per_file + line["offset"] * ELASTIC_B + i
+                assert global_row not in by_row, f"row {global_row} served twice"
+                by_row[global_row] = row[0]
+                assert row == list(range(row[0], row[0] + T + 1))
+    first_epoch = [by_row.get(r) for r in range(n)]
+    assert None not in first_epoch, "a row of the first epoch was never served"
+    assert sorted(first_epoch) == starts  # every window of the corpus exactly once
