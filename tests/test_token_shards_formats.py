@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from token_files import write_llmc, write_megatron, write_npy_bad, write_prepared, write_raw
 
 from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError
@@ -14,13 +15,14 @@ from queue_providers import ProviderContext, create
 from queue_providers import inputs as inputs_module
 from queue_providers.inputs import describe_inputs
 from queue_providers.token_shards.order import EpochOrder
-from token_files import write_llmc, write_megatron, write_npy_bad, write_prepared, write_raw
 
 T = 8
 
 
 def provider(tmp_path: Path, args: dict, batch_size: int = 4, batches_per_file: int = 3):
-    ctx = ProviderContext("ts", tmp_path / "root" / "ts", batch_size=batch_size, batches_per_file=batches_per_file)
+    ctx = ProviderContext(
+        "ts", tmp_path / "root" / "ts", batch_size=batch_size, batches_per_file=batches_per_file
+    )
     p = create("token_shards", ctx, {"block_size": T, **args})
     meta = p.complete_meta()
     p.set_meta(meta)
@@ -57,7 +59,9 @@ def test_every_window_once_per_epoch_across_formats(tmp_path: Path) -> None:
     npy = tmp_path / "c.npy"
     np.save(npy, np.arange(181, 250, dtype=np.uint16))
     mega = write_megatron(tmp_path / "d", [np.arange(250, 290), np.arange(290, 333)])
-    p, meta = provider(tmp_path, {"inputs": [str(raw), str(llmc), str(npy), str(mega)], "vocab_size": 400})
+    p, meta = provider(
+        tmp_path, {"inputs": [str(raw), str(llmc), str(npy), str(mega)], "vocab_size": 400}
+    )
     kinds = [s.format for s in p.corpora["train"].shards]
     assert kinds == ["raw", "llmc", "npy", "megatron"]
     # (100-1)//8 + (81-1)//8 + (69-1)//8 + (83-1)//8 windows; none crosses a shard's end.
@@ -94,7 +98,9 @@ def test_prepared_corpus_reads_its_manifest_and_never_hashes_shards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     d = write_prepared(
-        tmp_path / "prep", [[np.arange(1, 40), np.arange(1, 30)], [np.arange(1, 50)]], vocab_size=100
+        tmp_path / "prep",
+        [[np.arange(1, 40), np.arange(1, 30)], [np.arange(1, 50)]],
+        vocab_size=100,
     )
     p, meta = provider(tmp_path, {"inputs": [str(d)]})
     assert meta["vocab_size"] == 100 and meta["eos_id"] == 0
@@ -102,13 +108,19 @@ def test_prepared_corpus_reads_its_manifest_and_never_hashes_shards(
     assert p.corpora["train"].shards[1].doc_starts().tolist() == [0]
     hashed = []
     real = inputs_module.sha256_file
-    monkeypatch.setattr(inputs_module, "sha256_file", lambda path: hashed.append(path) or real(path))
+    monkeypatch.setattr(
+        inputs_module, "sha256_file", lambda path: hashed.append(path) or real(path)
+    )
     records = describe_inputs(p.input_files())
     assert [Path(h).name for h in hashed] == ["manifest.json"]
-    assert {r.get("version", "")[:7] for k, r in records.items() if k.endswith(".npy")} == {"sha256:"}
+    assert {r.get("version", "")[:7] for k, r in records.items() if k.endswith(".npy")} == {
+        "sha256:"
+    }
 
 
-def test_a_touched_raw_shard_changes_the_fingerprint_without_a_read(tmp_path: Path, monkeypatch) -> None:
+def test_a_touched_raw_shard_changes_the_fingerprint_without_a_read(
+    tmp_path: Path, monkeypatch
+) -> None:
     raw = write_raw(tmp_path / "a.bin", np.arange(100, dtype=np.uint16))
     p, _ = provider(tmp_path, {"inputs": [str(raw)]})
     monkeypatch.setattr(inputs_module, "sha256_file", lambda path: pytest.fail(f"hashed {path}"))
@@ -123,22 +135,82 @@ def test_a_touched_raw_shard_changes_the_fingerprint_without_a_read(tmp_path: Pa
 @pytest.mark.parametrize(
     ("make", "args", "message"),
     [
-        (lambda d: write_llmc(d / "x.bin", np.zeros(50), magic=123), {"format": "llmc"}, r"x\.bin has magic 123 where an llm\.c shard has 20240520"),
-        (lambda d: write_llmc(d / "x.bin", np.zeros(50), version=3), {}, r"x\.bin is llm\.c shard version 3"),
-        (lambda d: _cut(write_llmc(d / "x.bin", np.zeros(50)), 10), {}, r"x\.bin is 1114 bytes but its header says 50 tokens.*truncated"),
-        (lambda d: _cut(write_llmc(d / "x.bin", np.zeros(50)), 2000), {}, r"x\.bin is \d+ bytes, shorter than the 1024-byte llm\.c header"),
-        (lambda d: write_llmc(d / "x.bin", np.zeros(50)), {"token_dtype": "uint32", "vocab_size": 70000}, r"x\.bin holds uint16 tokens but token_dtype = 'uint32'"),
-        (lambda d: _save(d / "x.npy", np.zeros(50, np.uint32)), {"token_dtype": "uint16"}, r"x\.npy holds uint32 tokens but token_dtype = 'uint16'"),
-        (lambda d: _cut(_save(d / "x.npy", np.zeros(50, np.uint16)), 4), {}, r"x\.npy is \d+ bytes but its header describes 50 uint16 tokens.*truncated"),
-        (lambda d: _save(d / "x.npy", np.zeros((5, 10), np.uint16)), {}, r"x\.npy holds an array of shape \(5, 10\)"),
-        (lambda d: _save(d / "x.npy", np.zeros(50, np.float32)), {}, r"x\.npy holds float32 values"),
+        (
+            lambda d: write_llmc(d / "x.bin", np.zeros(50), magic=123),
+            {"format": "llmc"},
+            r"x\.bin has magic 123 where an llm\.c shard has 20240520",
+        ),
+        (
+            lambda d: write_llmc(d / "x.bin", np.zeros(50), version=3),
+            {},
+            r"x\.bin is llm\.c shard version 3",
+        ),
+        (
+            lambda d: _cut(write_llmc(d / "x.bin", np.zeros(50)), 10),
+            {},
+            r"x\.bin is 1114 bytes but its header says 50 tokens.*truncated",
+        ),
+        (
+            lambda d: _cut(write_llmc(d / "x.bin", np.zeros(50)), 2000),
+            {},
+            r"x\.bin is \d+ bytes, shorter than the 1024-byte llm\.c header",
+        ),
+        (
+            lambda d: write_llmc(d / "x.bin", np.zeros(50)),
+            {"token_dtype": "uint32", "vocab_size": 70000},
+            r"x\.bin holds uint16 tokens but token_dtype = 'uint32'",
+        ),
+        (
+            lambda d: _save(d / "x.npy", np.zeros(50, np.uint32)),
+            {"token_dtype": "uint16"},
+            r"x\.npy holds uint32 tokens but token_dtype = 'uint16'",
+        ),
+        (
+            lambda d: _cut(_save(d / "x.npy", np.zeros(50, np.uint16)), 4),
+            {},
+            r"x\.npy is \d+ bytes but its header describes 50 uint16 tokens.*truncated",
+        ),
+        (
+            lambda d: _save(d / "x.npy", np.zeros((5, 10), np.uint16)),
+            {},
+            r"x\.npy holds an array of shape \(5, 10\)",
+        ),
+        (
+            lambda d: _save(d / "x.npy", np.zeros(50, np.float32)),
+            {},
+            r"x\.npy holds float32 values",
+        ),
         (write_npy_bad, {}, r"x\.npy holds Python objects"),
-        (lambda d: write_raw(d / "x.bin", np.zeros(51, np.uint8)), {"token_dtype": "uint16"}, r"x\.bin is 51 bytes, not a multiple of 2"),
-        (lambda d: _corrupt_idx(write_megatron(d / "x", [np.zeros(30)])), {}, r"x\.idx starts with b'MMIDIDY"),
-        (lambda d: _cut(write_megatron(d / "x", [np.zeros(30)]), 6), {}, r"x\.bin is 54 bytes but .*x\.idx describes 30 uint16 tokens"),
-        (lambda d: write_prepared(d / "p", [[np.arange(30)]], vocab_size=500), {"vocab_size": 100}, r"vocab_size = 100 in config but .*manifest\.json says 500"),
-        (lambda d: write_raw(d / "x.bin", np.full(30, 70, np.uint16)), {"vocab_size": 50, "sampling": "random", "_sample": True}, r"x\.bin holds token id 70 outside \[0, vocab_size 50\)"),
-        (lambda d: write_raw(d / "x.bin", np.zeros(5, np.uint16)), {}, r"split 'train' has no window of block_size\+1=9 tokens"),
+        (
+            lambda d: write_raw(d / "x.bin", np.zeros(51, np.uint8)),
+            {"token_dtype": "uint16"},
+            r"x\.bin is 51 bytes, not a multiple of 2",
+        ),
+        (
+            lambda d: _corrupt_idx(write_megatron(d / "x", [np.zeros(30)])),
+            {},
+            r"x\.idx starts with b'MMIDIDY",
+        ),
+        (
+            lambda d: _cut(write_megatron(d / "x", [np.zeros(30)]), 6),
+            {},
+            r"x\.bin is 54 bytes but .*x\.idx describes 30 uint16 tokens",
+        ),
+        (
+            lambda d: write_prepared(d / "p", [[np.arange(30)]], vocab_size=500),
+            {"vocab_size": 100},
+            r"vocab_size = 100 in config but .*manifest\.json says 500",
+        ),
+        (
+            lambda d: write_raw(d / "x.bin", np.full(30, 70, np.uint16)),
+            {"vocab_size": 50, "sampling": "random", "_sample": True},
+            r"x\.bin holds token id 70 outside \[0, vocab_size 50\)",
+        ),
+        (
+            lambda d: write_raw(d / "x.bin", np.zeros(5, np.uint16)),
+            {},
+            r"split 'train' has no window of block_size\+1=9 tokens",
+        ),
     ],
 )
 def test_errors_name_the_file_and_the_fault(tmp_path: Path, make, args: dict, message: str) -> None:

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from token_files import write_llmc, write_raw
 
 from conftest import ServerFactory, process_tree
 from queue_client import QueueClient
 from queue_server.process_memory import rss_bytes
-from token_files import write_llmc, write_raw
 
 T = 64
 GIB = 1 << 30
@@ -42,13 +42,15 @@ def config(inputs: list[str]) -> str:
     ).replace("'", '"')
 
 
-def start_and_measure(factory: ServerFactory, data_root: Path, inputs: list[str]) -> tuple[float, int]:
+def start_and_measure(
+    factory: ServerFactory, data_root: Path, inputs: list[str]
+) -> tuple[float, int]:
     began = time.monotonic()
     server = factory(config(inputs), data_root=data_root, timeout_s=180)
     started = time.monotonic() - began
     with QueueClient(server.address, "corpus", timeout_s=120) as client:
         for _ in range(8):
-            x, y = client.get_batch("train")
+            x, _ = client.get_batch("train")
             assert x.shape == (8, T) and int(x.max()) < 50257
     workers = process_tree(server.pid) - {server.pid}
     rss = max(rss_bytes(pid) for pid in workers)
@@ -79,7 +81,9 @@ def test_a_terabyte_corpus_starts_and_serves_like_100_mb(tmp_path: Path) -> None
 
     factory = ServerFactory(tmp_path)
     try:
-        small_s, small_rss = start_and_measure(factory, tmp_path / "root-small", [str(small / "train.bin")])
+        small_s, small_rss = start_and_measure(
+            factory, tmp_path / "root-small", [str(small / "train.bin")]
+        )
         big_s, big_rss = start_and_measure(factory, tmp_path / "root-big", [str(big / "*.bin")])
     finally:
         factory.close()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from token_files import write_llmc, write_megatron, write_prepared, write_raw
 
 from conftest import SUPPORT, ServerFactory, subprocess_env
-from token_files import write_llmc, write_megatron, write_prepared, write_raw
 
 T = 8
 VOCAB = 2000
@@ -33,7 +33,11 @@ def formats_corpus(d: Path) -> tuple[list[str], list[tuple[int, ...]]]:
     llmc = write_llmc(d / "fineweb_train_000001.bin", np.arange(100, 177))
     np.save(d / "arr.npy", np.arange(200, 265, dtype=np.uint16))
     mega = write_megatron(d / "mega", [np.arange(300, 340), np.arange(340, 401)])
-    prep = write_prepared(d / "prep", [[np.arange(500, 560)], [np.arange(600, 650), np.arange(650, 671)]], vocab_size=VOCAB)
+    prep = write_prepared(
+        d / "prep",
+        [[np.arange(500, 560)], [np.arange(600, 650), np.arange(650, 671)]],
+        vocab_size=VOCAB,
+    )
     expected = (
         windows_of(np.fromfile(raw, dtype=np.uint16))
         + windows_of(np.fromfile(llmc, dtype=np.uint16, offset=1024))
@@ -91,8 +95,27 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     factory.close()
 
 
-def start_rank(address: str, dataset: str, rank: int, world: int, batches: int, out: Path, state_in: str = "-", state_out: str | None = None) -> subprocess.Popen:
-    args = [sys.executable, str(SUPPORT / "window_client.py"), address, dataset, str(rank), str(world), str(batches), str(out), state_in]
+def start_rank(
+    address: str,
+    dataset: str,
+    rank: int,
+    world: int,
+    batches: int,
+    out: Path,
+    state_in: str = "-",
+    state_out: str | None = None,
+) -> subprocess.Popen:
+    args = [
+        sys.executable,
+        str(SUPPORT / "window_client.py"),
+        address,
+        dataset,
+        str(rank),
+        str(world),
+        str(batches),
+        str(out),
+        state_in,
+    ]
     if state_out:
         args.append(state_out)
     return subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=subprocess_env())
@@ -136,7 +159,12 @@ def test_four_ranks_then_two_read_each_window_once_per_epoch(served) -> None:
     # Two ranks resume from the four states and read past the end of the first epoch.
     per_rank = -(-(2 * n - 4 * (ELASTIC_NB + 2) * ELASTIC_B) // (2 * ELASTIC_B)) + ELASTIC_NB
     new = [tmp / f"new-r{r}.jsonl" for r in range(2)]
-    finish([start_rank(server.address, "elastic", r, 2, per_rank, new[r], str(tmp / "all.state")) for r in range(2)])
+    finish(
+        [
+            start_rank(server.address, "elastic", r, 2, per_rank, new[r], str(tmp / "all.state"))
+            for r in range(2)
+        ]
+    )
     by_row: dict[int, int] = {}
     for path in old + new:
         for line in read_lines(path):

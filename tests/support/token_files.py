@@ -35,7 +35,9 @@ def write_megatron(prefix: Path, documents: list[np.ndarray], dtype_code: int = 
     bin_path = prefix.with_suffix(".bin")
     np.concatenate(documents).astype(dtype).tofile(bin_path)
     with open(prefix.with_suffix(".idx"), "wb") as f:
-        f.write(struct.pack("<9sQBQQ", b"MMIDIDX\x00\x00", 1, dtype_code, len(lengths), len(doc_index)))
+        f.write(
+            struct.pack("<9sQBQQ", b"MMIDIDX\x00\x00", 1, dtype_code, len(lengths), len(doc_index))
+        )
         f.write(lengths.tobytes())
         f.write(pointers.tobytes())
         f.write(doc_index.tobytes())

@@ -73,16 +73,20 @@ def discover(
             found.shards.append(read_megatron(bin_loc, idx_loc, wanted))
             found.inputs += [_cheap(bin_loc), _cheap(idx_loc)]
         else:
-            shard = {
-                "npy": lambda: read_npy(loc, wanted),
-                "llmc": lambda: read_llmc(loc, wanted),
-                "raw": lambda: read_raw(loc, raw_dtype),
-            }[kind]()
+            shard = _read_single(loc, kind, raw_dtype, wanted)
             found.shards.append(shard)
             found.inputs.append(_cheap(loc))
     if not found.shards:
         raise ConfigError(f"{where}: inputs {entries!r} name no token files")
     return found
+
+
+def _read_single(loc: Location, kind: str, raw_dtype: np.dtype, wanted: np.dtype | None) -> Shard:
+    if kind == "npy":
+        return read_npy(loc, wanted)
+    if kind == "llmc":
+        return read_llmc(loc, wanted)
+    return read_raw(loc, raw_dtype)
 
 
 def _expand(entry: Any, store: RemoteStore, where: str) -> list[Location]:
@@ -106,7 +110,9 @@ def _expand(entry: Any, store: RemoteStore, where: str) -> list[Location]:
             if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in SUFFIXES[:3]
         )  # fmt: skip
         if not files:
-            raise ConfigError(f"{where}: input directory {entry!r} holds no .bin, .npy or .idx file")
+            raise ConfigError(
+                f"{where}: input directory {entry!r} holds no .bin, .npy or .idx file"
+            )
         return list(files)
     if not path.is_file():
         raise ConfigError(f"{where}: input {entry!r} does not exist")
@@ -125,7 +131,9 @@ def _kind(loc: Location, fmt: str, names: set[str]) -> str:
     if suffix == "npy":
         return "npy"
     idx_name = shown(loc)[: -len(suffix)] + "idx" if suffix else ""
-    if suffix == "bin" and (idx_name in names or (isinstance(loc, Path) and loc.with_suffix(".idx").is_file())):
+    if suffix == "bin" and (
+        idx_name in names or (isinstance(loc, Path) and loc.with_suffix(".idx").is_file())
+    ):
         return "megatron"
     return "llmc" if is_llmc(read_head(loc, 4)) else "raw"
 
@@ -139,7 +147,9 @@ def _megatron_pair(loc: Location, store: RemoteStore) -> tuple[Location, Locatio
     bin_path, idx_path = path.with_suffix(".bin"), path.with_suffix(".idx")
     for p in (bin_path, idx_path):
         if not p.is_file():
-            raise ConfigError(f"token_shards: {p} is missing: a Megatron dataset is a .bin and a .idx")
+            raise ConfigError(
+                f"token_shards: {p} is missing: a Megatron dataset is a .bin and a .idx"
+            )
     return bin_path, idx_path
 
 

@@ -38,7 +38,7 @@ def read_llmc(location: Location, wanted: np.dtype | None) -> Shard:
     if magic != MAGIC:
         raise ConfigError(
             f"token_shards: {where} has magic {magic} where an llm.c shard has {MAGIC}: it is "
-            "not an llm.c shard (for a headerless file of ids use format = \"raw\")"
+            'not an llm.c shard (for a headerless file of ids use format = "raw")'
         )
     dtype = VERSION_DTYPES.get(version)
     if dtype is None:

@@ -59,8 +59,12 @@ def read_megatron(bin_location: Location, idx_location: Location, wanted: np.dty
             f"token_shards: {where} is Megatron index version {version}; this reader knows {VERSION}"
         )
     if code not in DTYPE_CODES:
-        raise ConfigError(f"token_shards: {where} names dtype code {code}, which Megatron does not define")
-    dtype = check_dtype(DTYPE_CODES[code], f"{shown(bin_location)} (dtype code {code} in {where})", wanted)
+        raise ConfigError(
+            f"token_shards: {where} names dtype code {code}, which Megatron does not define"
+        )
+    dtype = check_dtype(
+        DTYPE_CODES[code], f"{shown(bin_location)} (dtype code {code} in {where})", wanted
+    )
     lengths_at = HEADER.size
     pointers_at = lengths_at + 4 * sequences
     docs_at = pointers_at + 8 * sequences
@@ -74,8 +78,12 @@ def read_megatron(bin_location: Location, idx_location: Location, wanted: np.dty
     idx_path = local_file(idx_location)
     tokens = 0
     if sequences:
-        last_length = int(np.memmap(idx_path, "<i4", "r", lengths_at + 4 * (sequences - 1), (1,))[0])
-        last_pointer = int(np.memmap(idx_path, "<i8", "r", pointers_at + 8 * (sequences - 1), (1,))[0])
+        last_length = int(
+            np.memmap(idx_path, "<i4", "r", lengths_at + 4 * (sequences - 1), (1,))[0]
+        )
+        last_pointer = int(
+            np.memmap(idx_path, "<i8", "r", pointers_at + 8 * (sequences - 1), (1,))[0]
+        )
         end = last_pointer + last_length * dtype.itemsize
         tokens = end // dtype.itemsize
     bin_size = size_of(bin_location)
@@ -93,7 +101,12 @@ def read_megatron(bin_location: Location, idx_location: Location, wanted: np.dty
 
 
 def _doc_starts(
-    idx_path: Path, pointers_at: int, sequences: int, docs_at: int, doc_entries: int, dtype: np.dtype
+    idx_path: Path,
+    pointers_at: int,
+    sequences: int,
+    docs_at: int,
+    doc_entries: int,
+    dtype: np.dtype,
 ) -> np.ndarray:
     """The token offset of each document's first sequence."""
     if not sequences or doc_entries < 2:

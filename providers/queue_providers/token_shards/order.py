@@ -41,7 +41,9 @@ class EpochOrder:
         self._mask = np.uint64((1 << self.half_bits) - 1)
 
     def keys(self, epoch: int) -> list[np.uint64]:
-        return [np.uint64(derive_seed(self.seed, self.split, "epoch", epoch, r)) for r in range(ROUNDS)]
+        return [
+            np.uint64(derive_seed(self.seed, self.split, "epoch", epoch, r)) for r in range(ROUNDS)
+        ]
 
     def _encrypt(self, x: np.ndarray, keys: list[np.uint64]) -> np.ndarray:
         h = np.uint64(self.half_bits)

@@ -42,7 +42,9 @@ class PreparedCorpus:
     sha256: tuple[str, ...]  # each shard's checksum, as the manifest gives it
 
 
-def read_prepared(manifest: Location, store: RemoteStore | None, wanted: np.dtype | None) -> PreparedCorpus:
+def read_prepared(
+    manifest: Location, store: RemoteStore | None, wanted: np.dtype | None
+) -> PreparedCorpus:
     """The corpus a manifest describes; ConfigError naming the manifest or shard at fault."""
     where = shown(manifest)
     try:
@@ -59,14 +61,18 @@ def read_prepared(manifest: Location, store: RemoteStore | None, wanted: np.dtyp
         )
     dtype = DTYPES.get(doc.get("dtype"))  # type: ignore[arg-type]
     if dtype is None:
-        raise ConfigError(f"token_shards: {where}: dtype is {doc.get('dtype')!r}, expected one of {sorted(DTYPES)}")
+        raise ConfigError(
+            f"token_shards: {where}: dtype is {doc.get('dtype')!r}, expected one of {sorted(DTYPES)}"
+        )
     if wanted is not None and dtype != wanted:
         raise ConfigError(
             f"token_shards: {where} says dtype {dtype.name} but token_dtype = {wanted.name!r} in config"
         )
     vocab_size = _positive_int(doc.get("vocab_size"), f"{where}: vocab_size")
     eos_id = doc.get("eos_id")
-    if eos_id is not None and (not isinstance(eos_id, int) or isinstance(eos_id, bool) or not 0 <= eos_id < vocab_size):
+    if eos_id is not None and (
+        not isinstance(eos_id, int) or isinstance(eos_id, bool) or not 0 <= eos_id < vocab_size
+    ):
         raise ConfigError(f"{where}: eos_id is {eos_id!r}, expected an int in [0, {vocab_size})")
     entries = doc.get("shards")
     if not isinstance(entries, list) or not entries:
@@ -85,8 +91,15 @@ def _shard(
     if not isinstance(entry, dict):
         raise ConfigError(f"token_shards: {where} is {entry!r}, expected a table")
     name = entry.get("file")
-    if not isinstance(name, str) or not name.endswith(".npy") or PurePosixPath(name).name != name or name.startswith("."):
-        raise ConfigError(f"token_shards: {where}: file is {name!r}, expected a .npy name beside the manifest")
+    if (
+        not isinstance(name, str)
+        or not name.endswith(".npy")
+        or PurePosixPath(name).name != name
+        or name.startswith(".")
+    ):
+        raise ConfigError(
+            f"token_shards: {where}: file is {name!r}, expected a .npy name beside the manifest"
+        )
     tokens = entry.get("tokens")
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
         raise ConfigError(f"token_shards: {where}: tokens is {tokens!r}, expected an int >= 0")
@@ -124,7 +137,9 @@ def _load_docs(location: Location) -> np.ndarray:
     except (OSError, ValueError) as exc:
         raise ValueError(f"token_shards: {shown(location)} cannot be read: {exc}") from None
     if starts.ndim != 1 or starts.dtype.kind not in "iu":
-        raise ValueError(f"token_shards: {shown(location)} holds {starts.dtype} {starts.shape}, expected int64 [documents]")
+        raise ValueError(
+            f"token_shards: {shown(location)} holds {starts.dtype} {starts.shape}, expected int64 [documents]"
+        )
     return np.asarray(starts, dtype=np.int64)
 
 

@@ -60,9 +60,13 @@ class TokenShardsProvider(DataProviderBase):
         if format not in FORMATS:
             raise ConfigError(f"{WHERE}: format is {format!r}, expected one of {list(FORMATS)}")
         if sampling not in SAMPLINGS:
-            raise ConfigError(f"{WHERE}: sampling is {sampling!r}, expected one of {list(SAMPLINGS)}")
+            raise ConfigError(
+                f"{WHERE}: sampling is {sampling!r}, expected one of {list(SAMPLINGS)}"
+            )
         if token_dtype not in (None, "uint16", "uint32"):
-            raise ConfigError(f"{WHERE}: token_dtype is {token_dtype!r}, expected 'uint16' or 'uint32'")
+            raise ConfigError(
+                f"{WHERE}: token_dtype is {token_dtype!r}, expected 'uint16' or 'uint32'"
+            )
         self.block_size = block_size
         self.sampling = sampling
         wanted = None if token_dtype is None else np.dtype(token_dtype).newbyteorder("<")

@@ -100,7 +100,9 @@ class ShardReader:
         if isinstance(s.location, RemoteObject):
             return self._remote_windows(starts, length)
         if self._map is None:
-            self._map = np.memmap(s.location, dtype=s.dtype, mode="r", offset=s.offset, shape=(s.tokens,))
+            self._map = np.memmap(
+                s.location, dtype=s.dtype, mode="r", offset=s.offset, shape=(s.tokens,)
+            )
         return self._map[starts[:, None] + np.arange(length)]
 
     def _remote_windows(self, starts: np.ndarray, length: int) -> np.ndarray:
