@@ -93,7 +93,8 @@ class TokenShardsProvider(DataProviderBase):
             split: EpochOrder(c.n_windows, context.seed, split) for split, c in self.corpora.items()
         }
         self.rows_per_file = context.batch_size * context.batches_per_file
-        self._next_row: dict[str, int] = {}
+        # The current file's rows (int64 [R, T+1]) and how many were handed out.
+        self._file_rows: dict[str, list[Any]] = {}
         self._readers: dict[tuple[str, int], ShardReader] = {}
 
     def _vocab_size(self, configured: int | None) -> int:
@@ -146,25 +147,28 @@ class TokenShardsProvider(DataProviderBase):
         return meta
 
     def make_file(self, split: str, seq: int) -> Any:
-        """The file of seq: rows [seq*R, (seq+1)*R) of the split's epochs, in order."""
-        self._next_row[split] = seq * self.rows_per_file
+        """The file of seq: rows [seq*R, (seq+1)*R) of the split's epochs, in order. The
+        whole file's windows are placed and read at once; sample_batch hands them out."""
+        if self.sampling == "epoch":
+            rows = np.arange(seq * self.rows_per_file, (seq + 1) * self.rows_per_file)
+            shard, start = self.corpora[split].locate(self.orders[split].windows(rows))
+            self._file_rows[split] = [torch.from_numpy(self.gather(split, shard, start)), 0]
         try:
             return super().make_file(split, seq)
         finally:
-            self._next_row.pop(split, None)
+            self._file_rows.pop(split, None)
 
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
-        corpus = self.corpora[split]
-        row = self._next_row.get(split)
-        if self.sampling == "epoch" and row is not None:
-            self._next_row[split] = row + self.batch_size
-            windows = self.orders[split].windows(np.arange(row, row + self.batch_size))
-            shard, start = corpus.locate(windows)
+        planned = self._file_rows.get(split)
+        if planned is not None:
+            rows, at = planned
+            planned[1] = at + self.batch_size
+            batch = rows[at : at + self.batch_size]
         else:  # nanoGPT's draw (also for corpus statistics, which sample outside a file)
+            corpus = self.corpora[split]
             drawn = torch.randint(corpus.n_starts, (self.batch_size,), generator=rng).numpy()
-            shard, start = corpus.locate_start(drawn)
-        rows = torch.from_numpy(self.gather(split, shard, start))
-        return {"x": rows[:, :-1], "y": rows[:, 1:]}
+            batch = torch.from_numpy(self.gather(split, *corpus.locate_start(drawn)))
+        return {"x": batch[:, :-1], "y": batch[:, 1:]}
 
     def gather(self, split: str, shard: np.ndarray, start: np.ndarray) -> np.ndarray:
         """int64 [len(start), T+1]: row i = tokens [start[i], start[i]+T+1) of shard[i]."""
