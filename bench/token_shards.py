@@ -148,7 +148,7 @@ def _start_up(settings: Settings, root: Path) -> Result:
         small_s * 1e3,
         "ms",
         big_s / small_s,
-        "x the 100 MB start",
+        "x the small corpus's start",
         "<= 1.1x + 20 ms",
         big_s <= 1.1 * small_s + 0.02,
         f"{fmt(4 * 256 * GIB / 2 / 1e9)} G tokens against {fmt(small_tokens / 1e9)} G",
