@@ -44,8 +44,19 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a worker process
     try:
+        nanogpt = _provider(
+            root / "nanogpt",
+            {
+                "data_dir": str(tokens.train_bin.parent),
+                "block_size": T,
+                "splits": ["train"],
+                "vocab_size": tokens.vocab_size,
+            },
+            nb,
+            "nanogpt_bin",
+        )
         results = [
-            _serving(settings, root, inputs, tokens.vocab_size, sampling, nb, files)
+            _serving(settings, root, inputs, tokens.vocab_size, sampling, nb, files, nanogpt)
             for sampling in ("epoch", "random")
         ]
         results.append(_start_up(settings, root))
@@ -62,6 +73,7 @@ def _serving(
     sampling: str,
     nb: int,
     files: int,
+    nanogpt: Any,
 ) -> Result:
     provider = _provider(
         root / sampling,
@@ -70,16 +82,17 @@ def _serving(
     )
     provider.make_file("train", 0)  # maps opened, pages warm
     per_file = B * nb * T
-    rates, floors = [], []
+    rates, floors, twins = [], [], []
     seq = 1
     for _ in range(settings.repeats):
-        began = time.perf_counter()
-        for k in range(files):
-            provider.make_file("train", seq + k)
-        rates.append(files * per_file / (time.perf_counter() - began))
+        for who, into in ((provider, rates), (nanogpt, twins)):
+            began = time.perf_counter()
+            for k in range(files):
+                who.make_file("train", seq + k)
+            into.append(files * per_file / (time.perf_counter() - began))
         floors.append(files * per_file / _floor_seconds(provider, seq, files, nb))
         seq += files
-    value, floor = median(rates), median(floors)
+    value, floor, twin = median(rates), median(floors), median(twins)
     return Result(
         "14",
         f"token_shards {sampling}, make_file, B*T={B * T}, {nb} batches per file, {SHARDS} llm.c shards",
@@ -92,10 +105,13 @@ def _serving(
         "x floor",
         "info",
         None,
-        "the floor reads the windows the provider chose, from the same memory maps"
-        if sampling == "epoch"
-        else "the floor reads as many windows drawn the same way (its own seeds), from the same maps",
-        extra={"rates": rates, "floors": floors},
+        (
+            "the floor reads the windows the provider chose, from the same memory maps"
+            if sampling == "epoch"
+            else "the floor reads as many windows drawn the same way (its own seeds)"
+        )
+        + f"; nanogpt_bin on the same ids, same repeats: {fmt(twin / 1e6)} M tokens/s",
+        extra={"rates": rates, "floors": floors, "nanogpt_bin": twins},
     )
 
 
@@ -156,11 +172,11 @@ def _start_up(settings: Settings, root: Path) -> Result:
     )
 
 
-def _provider(directory: Path, args: dict[str, Any], nb: int) -> Any:
+def _provider(directory: Path, args: dict[str, Any], nb: int, name: str = "token_shards") -> Any:
     from queue_providers import ProviderContext, create
 
     ctx = ProviderContext(directory.name, directory, batch_size=B, batches_per_file=nb, seed=SEED)
-    provider = create("token_shards", ctx, args)
+    provider = create(name, ctx, args)
     provider.set_meta(provider.complete_meta())
     return provider
 
