@@ -14,6 +14,10 @@ An input at a URL (queue_providers.remote) is recorded by its URL without secret
 and its identity: the version id, content hash, ETag or modification time its server gives
 (fsspec info()), read when the provider listed it. Fetching a remote object to hash it at
 every start would cost a download, and the server's own identity changes whenever its bytes do.
+
+An input a provider declares as `StatOnly` (token_shards' shards: terabytes) is never hashed:
+its record is its size and mtime, or a checksum its own manifest gives, so a touch of it
+counts as a change.
 """
 
 from __future__ import annotations
