@@ -20,7 +20,7 @@ from queue_client.errors import ConfigError
 from queue_providers.inputs import StatOnly
 from queue_providers.remote import Location, RemoteObject, RemoteStore, is_url, local_path, shown
 from queue_providers.token_shards.llmc import is_llmc, read_llmc
-from queue_providers.token_shards.megatron import read_megatron
+from queue_providers.token_shards.megatron import megatron_pair, read_megatron
 from queue_providers.token_shards.npy_file import read_npy
 from queue_providers.token_shards.prepared import MANIFEST, read_prepared
 from queue_providers.token_shards.raw_bin import read_raw
@@ -132,7 +132,7 @@ def _kind(loc: Location, fmt: str, names: set[str]) -> str:
         return "npy"
     idx_name = shown(loc)[: -len(suffix)] + "idx" if suffix else ""
     if suffix == "bin" and (
-        idx_name in names or (isinstance(loc, Path) and loc.with_suffix(".idx").is_file())
+        idx_name in names or (isinstance(loc, Path) and megatron_pair(loc)[1].is_file())
     ):
         return "megatron"
     return "llmc" if is_llmc(read_head(loc, 4)) else "raw"
@@ -144,7 +144,7 @@ def _megatron_pair(loc: Location, store: RemoteStore) -> tuple[Location, Locatio
         prefix = loc.url.rsplit(".", 1)[0]
         return store.stat(prefix + ".bin"), store.stat(prefix + ".idx")
     path = Path(loc)
-    bin_path, idx_path = path.with_suffix(".bin"), path.with_suffix(".idx")
+    bin_path, idx_path = megatron_pair(path)
     for p in (bin_path, idx_path):
         if not p.is_file():
             raise ConfigError(

@@ -116,5 +116,6 @@ def _doc_starts(
     return np.asarray(pointers[first_sequence], dtype=np.int64) // dtype.itemsize
 
 
-def idx_beside(bin_path: Path) -> Path:
-    return bin_path.with_suffix(".idx")
+def megatron_pair(path: Path) -> tuple[Path, Path]:
+    """(PREFIX.bin, PREFIX.idx) for either name: input files, outside the data root."""
+    return path.with_suffix(".bin"), path.with_suffix(".idx")
