@@ -240,3 +240,30 @@ def _corrupt_idx(bin_path: Path) -> Path:
     data[6] = ord("Y")
     idx.write_bytes(bytes(data))
     return bin_path
+
+
+def test_example_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented example, with llm.c shards where its globs look, serves a file per split."""
+    import tomllib
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "configs" / "token_shards.toml"
+    cfg = tomllib.loads(example.read_text())
+    ((name, table),) = cfg["datasets"].items()
+    assert table["provider"] == "token_shards"
+    args = table["args"]
+    for split, globs in args["inputs"].items():
+        directory = tmp_path / Path(globs[0]).parent
+        directory.mkdir(parents=True, exist_ok=True)
+        for i in range(2):
+            write_llmc(directory / f"fineweb_{split}_{i:06d}.bin", np.arange(5000) % 50257)
+    monkeypatch.chdir(tmp_path)  # the server resolves relative args against the config's dir
+    ctx = ProviderContext(
+        name, tmp_path / "root" / name, batch_size=table["batch_size"], batches_per_file=2
+    )
+    p = create(table["provider"], ctx, args)
+    p.set_meta(p.complete_meta())
+    (tmp_path / "q").mkdir()
+    for split in ("train", "val"):
+        published = p.produce_file(split, 0, tmp_path / "q")
+        f = load_batch_file(tmp_path / "q" / str(published.name))
+        assert f.tensors["x"].shape == (2, table["batch_size"], args["block_size"])
