@@ -133,7 +133,7 @@ def _floor_seconds(provider: Any, seq: int, files: int, nb: int) -> float:
     began = time.perf_counter()
     for plan in plans:
         for reader, starts in plan:
-            np.asarray(reader._map[starts[:, None] + offsets])
+            np.asarray(reader.local_map()[starts[:, None] + offsets])
     return time.perf_counter() - began
 
 

@@ -99,11 +99,29 @@ class ShardReader:
         s = self.shard
         if isinstance(s.location, RemoteObject):
             return self._remote_windows(starts, length)
+        return self.local_map()[starts[:, None] + np.arange(length)]
+
+    def local_map(self) -> np.ndarray:
+        """The local shard's tokens, memory-mapped on first use."""
         if self._map is None:
+            s = self.shard
             self._map = np.memmap(
                 s.location, dtype=s.dtype, mode="r", offset=s.offset, shape=(s.tokens,)
             )
-        return self._map[starts[:, None] + np.arange(length)]
+        return self._map
+
+    def take(self, index: np.ndarray) -> np.ndarray:
+        """The tokens at `index` (any shape), in the shard's dtype."""
+        s = self.shard
+        if not isinstance(s.location, RemoteObject):
+            return self.local_map()[index]
+        flat = index.reshape(-1)
+        out = np.empty(flat.shape, dtype=s.dtype)
+        # Runs of consecutive indices, each one ranged read.
+        breaks = np.nonzero(np.diff(flat) != 1)[0] + 1
+        for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(flat)], strict=True):
+            out[lo:hi] = self._remote_windows(flat[lo : lo + 1], hi - lo)[0]
+        return out.reshape(index.shape)
 
     def _remote_windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         s = self.shard
