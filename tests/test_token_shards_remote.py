@@ -77,6 +77,14 @@ def test_every_format_at_a_url_serves_what_the_local_files_serve(
     ]
     for x, y in zip(files_of(a, tmp_path, "a"), files_of(b, tmp_path, "b"), strict=True):
         assert torch.equal(x, y)
+    # Shuffled documents are read by range too, a run of consecutive tokens at a time.
+    mega = {"order": "documents"}
+    c = build(tmp_path, "local-docs", {"inputs": [str(local / "mega.idx")], **mega})
+    d = build(
+        tmp_path, "remote-docs", {"inputs": [f"s3://{bucket}/mega.idx"], "remote": remote, **mega}
+    )
+    for x, y in zip(files_of(c, tmp_path, "c"), files_of(d, tmp_path, "d"), strict=True):
+        assert torch.equal(x, y)
     records = describe_inputs(b.input_files())
     assert all(key.startswith(f"s3://{bucket}/") for key in records)
     cache = tmp_path / "remote" / "ts" / "input-cache"

@@ -66,6 +66,13 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("token_shards")
     inputs, expected = formats_corpus(tmp / "formats")
     elastic_inputs, elastic_starts = elastic_corpus(tmp / "elastic")
+    counter = iter(range(1, 10_000))
+    documents = write_prepared(
+        tmp / "documents",
+        [[np.array([next(counter) for _ in range(k)] + [0]) for k in (3, 9, 14, 5, 11, 7)]] * 2,
+        vocab_size=VOCAB,
+        eos_id=0,
+    )
     config = textwrap.dedent(
         f"""
         [server]
@@ -83,6 +90,14 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         batch_size = {ELASTIC_B}
         batches_per_file = {ELASTIC_NB}
         seed = 3
+        [datasets.documents]
+        provider = "token_shards"
+        batch_size = 4
+        batches_per_file = 2
+        [datasets.documents.args]
+        inputs = ["{documents.as_posix()}"]
+        block_size = {T}
+        order = "documents"
         [datasets.elastic.args]
         inputs = {json.dumps(elastic_inputs)}
         block_size = {T}
@@ -176,3 +191,18 @@ def test_four_ranks_then_two_read_each_window_once_per_epoch(served) -> None:
     first_epoch = [by_row.get(r) for r in range(n)]
     assert None not in first_epoch, "a row of the first epoch was never served"
     assert sorted(first_epoch) == starts  # every window of the corpus exactly once
+
+
+def test_documents_with_an_eos_id_serve_text_lms_fields_to_a_client(served) -> None:
+    from queue_client import QueueClient
+
+    server = served[0]
+    with QueueClient(server.address, "documents", timeout_s=60) as client:
+        assert client.meta["eos_id"] == 0
+        for _ in range(5):
+            batch = client.get_batch("train")
+            assert sorted(batch) == ["attention_mask", "input_ids", "labels", "segment_ids"]
+            ids, labels = batch["input_ids"], batch["labels"]
+            assert ids.shape == (4, T)
+            assert bool(((labels == -100) == (ids == 0)).all())
+            assert int(batch["segment_ids"].max()) >= 1
