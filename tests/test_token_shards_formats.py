@@ -267,3 +267,23 @@ def test_example_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         published = p.produce_file(split, 0, tmp_path / "q")
         f = load_batch_file(tmp_path / "q" / str(published.name))
         assert f.tensors["x"].shape == (2, table["batch_size"], args["block_size"])
+
+
+def test_a_directory_input_takes_its_token_files_in_order_and_nothing_beside_them(
+    tmp_path: Path,
+) -> None:
+    d = tmp_path / "corpus"
+    d.mkdir()
+    write_raw(d / "b.bin", np.arange(50, 100, dtype=np.uint16))
+    write_raw(d / "a.bin", np.arange(0, 50, dtype=np.uint16))
+    write_megatron(d / "c", [np.arange(100, 130)])
+    np.save(d / "a.docs.npy", np.zeros(1, np.int64))
+    (d / "notes.json").write_text("{}")
+    (d / ".hidden.bin").write_bytes(b"\xff" * 64)
+    p, _ = provider(tmp_path, {"inputs": [str(d)], "vocab_size": 200})
+    shards = p.corpora["train"].shards
+    assert [(Path(s.shown).name, s.format) for s in shards] == [
+        ("a.bin", "raw"),
+        ("b.bin", "raw"),
+        ("c.bin", "megatron"),
+    ]

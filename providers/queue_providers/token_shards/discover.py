@@ -27,7 +27,7 @@ from queue_providers.token_shards.raw_bin import read_raw
 from queue_providers.token_shards.shard import Shard, read_head
 
 FORMATS = ("auto", "raw", "llmc", "npy", "megatron", "prepared")
-SUFFIXES = (".bin", ".npy", ".idx", ".json")
+SUFFIXES = (".bin", ".npy", ".idx")
 
 
 @dataclass
@@ -94,8 +94,10 @@ def _expand(entry: Any, store: RemoteStore, where: str) -> list[Location]:
         raise ConfigError(f"{where}: each input must be a path, glob or URL, got {entry!r}")
     if is_url(entry):
         objects = store.expand(entry)
+        if len(objects) == 1 and objects[0].url == entry:
+            return list(objects)  # one object, named: whatever its suffix
         manifests = [o for o in objects if o.name == MANIFEST]
-        return list(manifests or [o for o in objects if o.suffix.lower() in SUFFIXES])
+        return list(manifests or [o for o in objects if _token_file(o.name)])
     path = local_path(entry)
     if any(c in entry for c in "*?["):
         matches = [Path(p) for p in sorted(glob.glob(str(path))) if Path(p).is_file()]
@@ -105,10 +107,7 @@ def _expand(entry: Any, store: RemoteStore, where: str) -> list[Location]:
     if path.is_dir():
         if (path / MANIFEST).is_file():
             return [path / MANIFEST]
-        files = sorted(
-            p for p in path.iterdir()
-            if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in SUFFIXES[:3]
-        )  # fmt: skip
+        files = sorted(p for p in path.iterdir() if p.is_file() and _token_file(p.name))
         if not files:
             raise ConfigError(
                 f"{where}: input directory {entry!r} holds no .bin, .npy or .idx file"
@@ -117,6 +116,13 @@ def _expand(entry: Any, store: RemoteStore, where: str) -> list[Location]:
     if not path.is_file():
         raise ConfigError(f"{where}: input {entry!r} does not exist")
     return [path]
+
+
+def _token_file(name: str) -> bool:
+    """Whether a file found in a directory listing is a token file (or a Megatron index), not
+    a hidden file, a prepared corpus's document starts or anything else beside them."""
+    lower = name.lower()
+    return not name.startswith(".") and lower.endswith(SUFFIXES) and not lower.endswith(".docs.npy")
 
 
 def _kind(loc: Location, fmt: str, names: set[str]) -> str:

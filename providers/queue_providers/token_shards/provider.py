@@ -7,7 +7,8 @@ batches_per_file) reads window perm_e(r % n) of epoch e = r // n, a keyed permut
 epoch (order.py). A window is a pure function of its row, so any worker on any node makes
 any seq with no stream state, and since the server serves every seq exactly once, every
 window of an epoch is served exactly once before any is served again. `sampling = "random"`
-draws nanoGPT's windows instead: uniform starts, with replacement.
+draws nanoGPT's windows instead: uniform starts, with replacement. `order = "documents"`
+shuffles whole documents each epoch and packs them shard by shard (documents.py).
 
 Start-up reads headers and indexes only; shards are memory-mapped (or read by range at a
 URL) when a window of theirs is first read, and the inputs are fingerprinted by size and
