@@ -206,3 +206,63 @@ def test_documents_with_an_eos_id_serve_text_lms_fields_to_a_client(served) -> N
             assert ids.shape == (4, T)
             assert bool(((labels == -100) == (ids == 0)).all())
             assert int(batch["segment_ids"].max()) >= 1
+
+
+def test_bad_shards_fail_their_dataset_naming_the_file_and_the_fault(tmp_path: Path) -> None:
+    """One server kept up (--keep-serving) with one fault per dataset and one good dataset:
+    each bad one fails with an error naming its file and what is wrong, writes no meta, and
+    the good one serves."""
+    from queue_client import QueueClient
+    from queue_server.testing import ServerProcess, wait_until
+
+    d = tmp_path / "bad"
+    d.mkdir()
+    good = write_llmc(d / "good.bin", np.arange(200) % VOCAB)
+    cases = {  # dataset: (file, extra args, what the message says)
+        "magic": (write_llmc(d / "magic.bin", np.zeros(50), magic=7), 'format = "llmc"', "has magic 7 where an llm.c shard has 20240520"),
+        "version": (write_llmc(d / "version.bin", np.zeros(50), version=2), "", "is llm.c shard version 2"),
+        "truncated": (d / "truncated.bin", "", "but its header says 50 tokens"),
+        "dtype": (d / "wide.npy", 'token_dtype = "uint16"', "holds uint32 tokens but token_dtype = 'uint16'"),
+    }  # fmt: skip
+    data = write_llmc(d / "truncated.bin", np.zeros(50)).read_bytes()
+    (d / "truncated.bin").write_bytes(data[:-10])
+    np.save(d / "wide.npy", np.zeros(50, np.uint32))
+    text = "[server]\nlease_ttl_s = 30\n"
+    for name, (path, extra, _) in {**cases, "good": (good, "", "")}.items():
+        text += textwrap.dedent(
+            f"""
+            [datasets.{name}]
+            provider = "token_shards"
+            batch_size = 2
+            batches_per_file = 2
+            [datasets.{name}.args]
+            inputs = ["{path.as_posix()}"]
+            block_size = {T}
+            {extra}
+            """
+        )
+    server = ServerProcess(
+        tmp_path / "server",
+        data_root=tmp_path / "data",
+        config_text=text,
+        args=("--metrics-listen", "127.0.0.1:0", "--keep-serving"),
+        env=subprocess_env(),
+    )
+    try:
+        server.wait_bound(60)
+        errors = wait_until(
+            lambda: (
+                all(server.stats(n)["state"] == "failed" for n in cases)
+                and {n: server.stats(n)["last_error"] for n in cases}
+            ),
+            120,
+            "every bad dataset to fail",
+        )
+        with QueueClient(server.address, "good", timeout_s=60) as client:
+            x, _ = client.get_batch("train")
+            assert x.shape == (2, T)
+    finally:
+        server.stop()
+    for name, (path, _, expect) in cases.items():
+        assert expect in errors[name] and path.name in errors[name], (name, errors[name])
+        assert not (tmp_path / "data" / name / "meta.pkl").exists()
