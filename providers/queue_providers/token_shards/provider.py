@@ -116,7 +116,7 @@ class TokenShardsProvider(DataProviderBase):
         # With documents and an end-of-document id, batches carry text_lm's fields.
         self.document_fields = order == "documents" and self.eos_id is not None
         self.rows_per_file = context.batch_size * context.batches_per_file
-        # The current file's rows (int64 [R, T+1]) and how many were handed out.
+        # The current file's served fields, all its rows, and how many were handed out.
         self._file_rows: dict[str, list[Any]] = {}
         self._readers: dict[tuple[str, int], ShardReader] = {}
 
