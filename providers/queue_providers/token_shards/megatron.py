@@ -27,7 +27,7 @@ from queue_providers.token_shards.shard import Shard, check_dtype, read_head, si
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")
-DTYPE_CODES = {
+DTYPE_CODES: dict[int, np.dtype] = {
     1: np.dtype("u1"),
     2: np.dtype("i1"),
     3: np.dtype("<i2"),

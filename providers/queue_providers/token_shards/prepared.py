@@ -30,7 +30,7 @@ from queue_providers.token_shards.shard import Shard
 FORMAT = "batchqueue-token-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def read_head(location: Location, n: int) -> bytes:
 def open_binary(location: Location) -> Any:
     """A buffered binary file of a local path or a remote object (read by range)."""
     if isinstance(location, RemoteObject):
-        return io.BufferedReader(location.open(), buffer_size=1 << 16)  # type: ignore[arg-type]
+        return io.BufferedReader(location.open(), buffer_size=1 << 16)
     try:
         return open(location, "rb")
     except OSError as exc:
@@ -105,6 +105,7 @@ class ShardReader:
         """The local shard's tokens, memory-mapped on first use."""
         if self._map is None:
             s = self.shard
+            assert not isinstance(s.location, RemoteObject)
             self._map = np.memmap(
                 s.location, dtype=s.dtype, mode="r", offset=s.offset, shape=(s.tokens,)
             )
@@ -126,7 +127,8 @@ class ShardReader:
     def _remote_windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         s = self.shard
         if self._file is None:
-            self._file = s.location.open()  # type: ignore[union-attr]
+            assert isinstance(s.location, RemoteObject)
+            self._file = s.location.open()
         out = np.empty((len(starts), length), dtype=s.dtype)
         nbytes = length * s.dtype.itemsize
         for row, start in enumerate(starts.tolist()):
