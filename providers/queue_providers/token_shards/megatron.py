@@ -10,7 +10,7 @@ The .idx, as Megatron-LM's indexed_dataset describes it, all little-endian:
   int64[S] sequence pointers, byte offsets into the .bin
   int64[D] document index: the first sequence of each document, then S
 Only the fixed header and the last sequence's length and pointer are read at start; the
-arrays are memory-mapped when documents are first asked for.
+arrays are memory-mapped (read by range at a URL) when documents are first asked for.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from queue_client.errors import ConfigError
-from queue_providers.remote import Location, local_file, shown
+from queue_providers.remote import Location, RemoteObject, shown
 from queue_providers.token_shards.shard import Shard, check_dtype, read_head, size_of
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -75,15 +75,10 @@ def read_megatron(bin_location: Location, idx_location: Location, wanted: np.dty
             f"token_shards: {where} is {idx_size} bytes but its header says {sequences} "
             f"sequences and {doc_entries} document entries, which take {needed}: it is truncated"
         )
-    idx_path = local_file(idx_location)
     tokens = 0
     if sequences:
-        last_length = int(
-            np.memmap(idx_path, "<i4", "r", lengths_at + 4 * (sequences - 1), (1,))[0]
-        )
-        last_pointer = int(
-            np.memmap(idx_path, "<i8", "r", pointers_at + 8 * (sequences - 1), (1,))[0]
-        )
+        last_length = int(_ints(idx_location, lengths_at + 4 * (sequences - 1), 1, "<i4")[0])
+        last_pointer = int(_ints(idx_location, pointers_at + 8 * (sequences - 1), 1, "<i8")[0])
         end = last_pointer + last_length * dtype.itemsize
         tokens = end // dtype.itemsize
     bin_size = size_of(bin_location)
@@ -95,13 +90,22 @@ def read_megatron(bin_location: Location, idx_location: Location, wanted: np.dty
         )
 
     def doc_starts() -> np.ndarray:
-        return _doc_starts(idx_path, pointers_at, sequences, docs_at, doc_entries, dtype)
+        return _doc_starts(idx_location, pointers_at, sequences, docs_at, doc_entries, dtype)
 
     return Shard(bin_location, "megatron", dtype, 0, tokens, doc_starts)
 
 
+def _ints(location: Location, offset: int, count: int, dtype: str) -> np.ndarray:
+    """`count` little-endian ints at byte `offset` of the .idx: a memory map of a local file,
+    one ranged read at a URL (the index of a large corpus is never copied whole)."""
+    if isinstance(location, RemoteObject):
+        data = location.store.fetch(location, offset, offset + count * np.dtype(dtype).itemsize)
+        return np.frombuffer(data, dtype=dtype)
+    return np.memmap(location, dtype, "r", offset, (count,))
+
+
 def _doc_starts(
-    idx_path: Path,
+    idx_location: Location,
     pointers_at: int,
     sequences: int,
     docs_at: int,
@@ -111,8 +115,8 @@ def _doc_starts(
     """The token offset of each document's first sequence."""
     if not sequences or doc_entries < 2:
         return np.zeros(0, dtype=np.int64)
-    pointers = np.memmap(idx_path, "<i8", "r", pointers_at, (sequences,))
-    first_sequence = np.memmap(idx_path, "<i8", "r", docs_at, (doc_entries,))[:-1]
+    pointers = _ints(idx_location, pointers_at, sequences, "<i8")
+    first_sequence = _ints(idx_location, docs_at, doc_entries, "<i8")[:-1]
     return np.asarray(pointers[first_sequence], dtype=np.int64) // dtype.itemsize
 
 

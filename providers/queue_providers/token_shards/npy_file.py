@@ -6,18 +6,23 @@ is read), and the file's size must hold the array the header describes.
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 from numpy.lib import format as npy_format
 
 from queue_client.errors import ConfigError
 from queue_providers.remote import Location, shown
-from queue_providers.token_shards.shard import Shard, check_dtype, open_binary, size_of
+from queue_providers.token_shards.shard import Shard, check_dtype, read_head, size_of
+
+# A .npy header of a 1-D array is under 200 bytes; numpy pads it to a multiple of 64.
+HEAD_BYTES = 4096
 
 
 def npy_header(location: Location) -> tuple[tuple[int, ...], bool, np.dtype, int]:
     """(shape, fortran_order, dtype, data offset) of a .npy file, from its header only."""
     where = shown(location)
-    with open_binary(location) as f:
+    with io.BytesIO(read_head(location, HEAD_BYTES)) as f:
         try:
             version = npy_format.read_magic(f)
             if version == (1, 0):

@@ -54,7 +54,10 @@ def size_of(location: Location) -> int:
 
 
 def read_head(location: Location, n: int) -> bytes:
-    """The first `n` bytes (fewer when the file is shorter)."""
+    """The first `n` bytes (fewer when the file is shorter); at a URL, one ranged read of
+    just those bytes, not a cache block, so a start over many remote shards stays small."""
+    if isinstance(location, RemoteObject):
+        return location.store.fetch(location, 0, min(n, location.size))
     with open_binary(location) as f:
         return f.read(n)
 
