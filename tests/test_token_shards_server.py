@@ -171,8 +171,10 @@ def test_four_ranks_then_two_read_each_window_once_per_epoch(served) -> None:
     ])  # fmt: skip
     states = [json.loads((tmp / f"old-r{r}.state").read_text()) for r in range(4)]
     (tmp / "all.state").write_text(json.dumps(states))
-    # Two ranks resume from the four states and read past the end of the first epoch.
-    per_rank = -(-(2 * n - 4 * (ELASTIC_NB + 2) * ELASTIC_B) // (2 * ELASTIC_B)) + ELASTIC_NB
+    # Two ranks resume from the four states: each takes two of the carried files 4..7 (three
+    # batches left in each), which end the first epoch's rows, and one file more.
+    assert 7 * rows_per_file < n <= 8 * rows_per_file
+    per_rank = 2 * (ELASTIC_NB - 2) + ELASTIC_NB
     new = [tmp / f"new-r{r}.jsonl" for r in range(2)]
     finish(
         [
