@@ -104,3 +104,19 @@ def test_documents_need_boundaries_and_fields_need_eos_terminated_documents(
     p, _ = provider(tmp_path, {"inputs": [str(mega)], "eos_id": 0})
     with pytest.raises(ValueError, match=r"m\.bin ends with id \d+, not eos_id 0"):
         files(p, tmp_path, 1)
+
+
+def test_a_prepared_corpus_without_its_document_starts_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    d = write_prepared(tmp_path / "prep", [[np.arange(1, 20), np.arange(1, 30)]], vocab_size=100)
+    np.save(d / "shard-000000.docs.npy", np.array([0], dtype=np.int64))
+    with pytest.raises(
+        ConfigError,
+        match=r"shard-000000\.docs\.npy holds 1 document starts but the manifest says 2",
+    ):
+        provider(tmp_path, {"inputs": [str(d)]})
+    (d / "shard-000000.docs.npy").unlink()
+    with pytest.raises(ConfigError, match=r"shard-000000\.docs\.npy"):
+        provider(tmp_path, {"inputs": [str(d)]})
+    provider(tmp_path, {"inputs": [str(d)], "order": "windows"})  # windows need no documents

@@ -24,8 +24,8 @@ import numpy as np
 
 from queue_client.errors import ConfigError
 from queue_providers.remote import Location, RemoteObject, RemoteStore, read_input, shown
-from queue_providers.token_shards.npy_file import read_npy
-from queue_providers.token_shards.shard import Shard
+from queue_providers.token_shards.npy_file import npy_header, read_npy
+from queue_providers.token_shards.shard import Shard, size_of
 
 FORMAT = "batchqueue-token-shards"
 VERSION = 1
@@ -118,7 +118,13 @@ def _shard(
     def doc_starts() -> np.ndarray:
         return _load_docs(_beside(manifest, store, docs_name))
 
-    return Shard(location, "prepared", shard.dtype, shard.offset, tokens, doc_starts), digest
+    def check_documents() -> None:
+        _check_docs(_beside(manifest, store, docs_name), entry.get("documents"), tokens)
+
+    made = Shard(
+        location, "prepared", shard.dtype, shard.offset, tokens, doc_starts, check_documents
+    )
+    return made, digest
 
 
 def _beside(manifest: Location, store: RemoteStore | None, name: str) -> Location:
@@ -126,6 +132,25 @@ def _beside(manifest: Location, store: RemoteStore | None, name: str) -> Locatio
         base = manifest.url.rsplit("/", 1)[0]
         return (store or manifest.store).stat(f"{base}/{name}")
     return Path(manifest).parent / name
+
+
+def _check_docs(location: Location, documents: Any, tokens: int) -> None:
+    """A shard's document starts: a 1-D int .npy of the manifest's document count, whole."""
+    where = shown(location)
+    shape, _, dtype, offset = npy_header(location)
+    if len(shape) != 1 or dtype.kind not in "iu":
+        raise ConfigError(
+            f"token_shards: {where} holds {dtype} {shape}; document starts are int64 [documents]"
+        )
+    if isinstance(documents, int) and shape[0] != documents:
+        raise ConfigError(
+            f"token_shards: {where} holds {shape[0]} document starts but the manifest says "
+            f"{documents} documents"
+        )
+    if size_of(location) != offset + shape[0] * dtype.itemsize:
+        raise ConfigError(f"token_shards: {where} is truncated")
+    if tokens == 0 and shape[0]:
+        raise ConfigError(f"token_shards: {where} lists documents in an empty shard")
 
 
 def _load_docs(location: Location) -> np.ndarray:

@@ -112,6 +112,8 @@ class TokenShardsProvider(DataProviderBase):
                             "records no document boundaries: only Megatron datasets and "
                             "prepared corpora do"
                         )
+                    if shard.check_documents is not None:
+                        shard.check_documents()
                 self.documents[split] = DocumentOrder(corpus, context.seed, split)
         # With documents and an end-of-document id, batches carry text_lm's fields.
         self.document_fields = order == "documents" and self.eos_id is not None

@@ -37,6 +37,9 @@ class Shard:
     # The int64 start of each document in the shard, loaded only when asked for (None when
     # the format does not record documents).
     doc_starts: Callable[[], np.ndarray] | None = None
+    # Checks, from headers only, that doc_starts() can be read: called at start when the
+    # documents are needed (ConfigError naming the file when not).
+    check_documents: Callable[[], None] | None = None
 
     @property
     def shown(self) -> str:
