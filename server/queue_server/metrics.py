@@ -31,6 +31,7 @@ from queue_server.training_units import SplitUnits, split_units
 
 if TYPE_CHECKING:
     from queue_server.dataset import DatasetRuntime
+    from queue_server.fetch_streams import FetchStreams
 
 log = logging.getLogger("queue_server.metrics")
 
@@ -42,8 +43,11 @@ WAIT_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 
 class QueueCollector:
     """Reads every split queue at scrape time."""
 
-    def __init__(self, datasets: Mapping[str, DatasetRuntime]) -> None:
+    def __init__(
+        self, datasets: Mapping[str, DatasetRuntime], streams: FetchStreams | None = None
+    ) -> None:
         self._datasets = datasets
+        self._streams = streams
         # pid -> resident bytes, read in a thread before each scrape (MetricsServer).
         self.rss: dict[int, int] = {}
         self._units: dict[tuple[str, str], SplitUnits] = {}
@@ -170,13 +174,42 @@ class QueueCollector:
         yield from counters.values()
         yield tokens
         yield rss
+        if self._streams is not None:
+            yield from _stream_metrics(self._streams)
+
+
+def _stream_metrics(streams: FetchStreams) -> Iterator[Metric]:
+    """FetchFile: bytes streamed per split, streams open now, streams refused at the cap."""
+    sent = CounterMetricFamily(
+        "batchqueue_fetch_bytes",
+        "Bytes of batch files streamed to clients by FetchFile",
+        labels=["dataset", "split"],
+    )
+    for (dataset, split), n in sorted(streams.bytes_sent.items()):
+        sent.add_metric([dataset, split], n)
+    yield sent
+    yield GaugeMetricFamily(
+        "batchqueue_fetch_streams_open",
+        "FetchFile streams open now (server.max_fetch_streams at most)",
+        value=streams.open_streams,
+    )
+    yield CounterMetricFamily(
+        "batchqueue_fetch_streams_refused",
+        "FetchFile calls refused because server.max_fetch_streams streams were open",
+        value=streams.refused,
+    )
 
 
 class MetricsServer:
-    def __init__(self, datasets: Mapping[str, DatasetRuntime], listen: str) -> None:
+    def __init__(
+        self,
+        datasets: Mapping[str, DatasetRuntime],
+        listen: str,
+        streams: FetchStreams | None = None,
+    ) -> None:
         disable_created_metrics()  # process-wide: no `_created` series anywhere
         self.registry = CollectorRegistry()
-        self.collector = QueueCollector(datasets)
+        self.collector = QueueCollector(datasets, streams)
         self.registry.register(self.collector)  # type: ignore[arg-type]
         self.wait_seconds = Histogram(
             "batchqueue_get_batch_wait_seconds",
