@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 import zlib
@@ -207,6 +208,45 @@ def test_a_full_fetch_is_counted_in_bytes_streamed(server: ServerProcess) -> Non
         release(server, lease)
     assert len(data) == lease.size_bytes
     assert metrics(server)[sent] - before == lease.size_bytes
+
+
+def test_a_client_refused_at_the_cap_fetches_once_a_slot_is_free(server: ServerProcess) -> None:
+    """QueueClient's fetcher takes ServerBusy for what it is: it tries again after a backoff,
+    and gets its file once the streams that filled the cap are over."""
+    hog = acquire(server)
+    mine = acquire(server, split="val")
+    queue_dir = server.data_root / "big" / "queue"
+    streams = [UnreadStream(server, hog) for _ in range(CAP)]
+    got: list[bytes | BaseException] = []
+    rpc = Rpc(server.address)
+    try:
+        wait_until(
+            lambda: open_files_under(server.pid, queue_dir) == CAP,
+            PATIENCE_S,
+            f"{CAP} streams to open the file",
+        )
+        refused = metrics(server)[REFUSED]
+        fetcher = FileFetcher(rpc, "me", max_bytes=1 << 30, timeout_s=PATIENCE_S)
+
+        def fetch() -> None:
+            try:
+                got.append(fetcher.fetch(mine.lease_id, mine.size_bytes, mine.crc32, "big/val"))
+            except BaseException as exc:  # handed to the test's thread below
+                got.append(exc)
+
+        thread = threading.Thread(target=fetch)
+        thread.start()
+        wait_until(lambda: metrics(server)[REFUSED] >= refused + 2, PATIENCE_S, "refusals, retried")
+        assert not got  # still trying
+    finally:
+        release(server, hog)
+        for stream in streams:
+            stream.finish()
+    thread.join(PATIENCE_S)
+    rpc.close()
+    release(server, mine)
+    assert len(got) == 1 and isinstance(got[0], bytes), got
+    assert len(got[0]) == mine.size_bytes and zlib.crc32(got[0]) == mine.crc32
 
 
 def doc_fetch_command() -> str:
