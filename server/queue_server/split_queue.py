@@ -252,7 +252,7 @@ class SplitQueue:
             if not await self._wait(deadline):
                 raise errors.NoBatchReady(
                     f"no file for {self.where} seq {seq} (rank {rank}) became ready within "
-                    f"{wait_s:.1f}s{self._window_shut(rank, seq) or self.why_slow()}"
+                    f"{wait_s:.1f}s{self._window_shut(rank, seq)}{self.why_slow()}"
                 )
 
     async def _acquire_any(
