@@ -3,7 +3,8 @@
 `/metrics` is the Prometheus text format, rendered by prometheus_client from a collector that
 reads the split queues when scraped (no background bookkeeping; the workers' resident memory
 is read from /proc in a thread just before); no `_created` series (they only restate the
-server's start time). `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
+server's start time); FetchFile's counts (bytes streamed per split, streams open and refused)
+come from fetch_streams.py the same way. `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
 with one line per other dataset: its name, state and why. The HTTP side is a minimal asyncio responder: it reads
 one request line, answers and closes, so a scrape never blocks gRPC.
 """
