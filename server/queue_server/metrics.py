@@ -3,7 +3,8 @@
 `/metrics` is the Prometheus text format, rendered by prometheus_client from a collector that
 reads the split queues when scraped (no background bookkeeping; the workers' resident memory
 is read from /proc in a thread just before); no `_created` series (they only restate the
-server's start time). `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
+server's start time); FetchFile's counts (bytes streamed per split, streams open and refused)
+come from fetch_streams.py the same way. `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
 with one line per other dataset: its name, state and why. The HTTP side is a minimal asyncio responder: it reads
 one request line, answers and closes, so a scrape never blocks gRPC.
 """
@@ -32,6 +33,7 @@ from queue_server.training_units import SplitUnits, split_units
 
 if TYPE_CHECKING:
     from queue_server.dataset import DatasetRuntime
+    from queue_server.fetch_streams import FetchStreams
 
 log = logging.getLogger("queue_server.metrics")
 
@@ -43,8 +45,11 @@ WAIT_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 
 class QueueCollector:
     """Reads every split queue at scrape time."""
 
-    def __init__(self, datasets: Mapping[str, DatasetRuntime]) -> None:
+    def __init__(
+        self, datasets: Mapping[str, DatasetRuntime], streams: FetchStreams | None = None
+    ) -> None:
         self._datasets = datasets
+        self._streams = streams
         # pid -> resident bytes, read in a thread before each scrape (MetricsServer).
         self.rss: dict[int, int] = {}
         self._units: dict[tuple[str, str], SplitUnits] = {}
@@ -171,13 +176,42 @@ class QueueCollector:
         yield from counters.values()
         yield tokens
         yield rss
+        if self._streams is not None:
+            yield from _stream_metrics(self._streams)
+
+
+def _stream_metrics(streams: FetchStreams) -> Iterator[Metric]:
+    """FetchFile: bytes streamed per split, streams open now, streams refused at the cap."""
+    sent = CounterMetricFamily(
+        "batchqueue_fetch_bytes",
+        "Bytes of batch files streamed to clients by FetchFile",
+        labels=["dataset", "split"],
+    )
+    for (dataset, split), n in sorted(streams.bytes_sent.items()):
+        sent.add_metric([dataset, split], n)
+    yield sent
+    yield GaugeMetricFamily(
+        "batchqueue_fetch_streams_open",
+        "FetchFile streams open now (server.max_fetch_streams at most)",
+        value=streams.open_streams,
+    )
+    yield CounterMetricFamily(
+        "batchqueue_fetch_streams_refused",
+        "FetchFile calls refused because server.max_fetch_streams streams were open",
+        value=streams.refused,
+    )
 
 
 class MetricsServer:
-    def __init__(self, datasets: Mapping[str, DatasetRuntime], listen: str) -> None:
+    def __init__(
+        self,
+        datasets: Mapping[str, DatasetRuntime],
+        listen: str,
+        streams: FetchStreams | None = None,
+    ) -> None:
         disable_created_metrics()  # process-wide: no `_created` series anywhere
         self.registry = CollectorRegistry()
-        self.collector = QueueCollector(datasets)
+        self.collector = QueueCollector(datasets, streams)
         self.registry.register(self.collector)
         self.wait_seconds = Histogram(
             "batchqueue_get_batch_wait_seconds",
