@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from queue_client import errors
 from queue_client.wire import batchqueue_pb2 as pb
@@ -122,13 +122,14 @@ async def stream_file(
 
 
 async def _unless_ended(
-    step: asyncio.Future[object], ended: asyncio.Future[str] | None, where: str
+    step: asyncio.Future[Any], ended: asyncio.Future[str] | None, where: str
 ) -> None:
     """Wait for `step`; UnknownLease with the reason if the lease ends first."""
     if ended is None:
         await asyncio.wait([step])
     else:
-        await asyncio.wait([step, ended], return_when=asyncio.FIRST_COMPLETED)
+        waited: list[asyncio.Future[Any]] = [step, ended]
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         if not step.done():
             raise errors.UnknownLease(
                 f"{ended.result()} while its {where} file was streaming; the rest of the file "
