@@ -27,6 +27,7 @@ from queue_client.layout import atomic_write, temp_path
 from queue_server.journal import (
     Advanced,
     AlphaChange,
+    MixtureChange,
     Folded,
     Journal,
     Produced,
@@ -43,7 +44,7 @@ class Facts:
 
     world_size: int = 1
     last_consumed: dict[int, int] = field(default_factory=dict)
-    alpha_changes: list[AlphaChange] = field(default_factory=list)
+    alpha_changes: list[AlphaChange | MixtureChange] = field(default_factory=list)
     records: int = 0
 
 

@@ -307,6 +307,18 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         at = queue.set_curriculum(alpha, position, request.rank)
         return pb.SetCurriculumResponse(effective_seq=at)
 
+    @_translate
+    async def SetMixture(
+        self, request: pb.SetMixtureRequest, context: Any
+    ) -> pb.SetMixtureResponse:
+        request_bounds.check_set_mixture(request)
+        runtime = await self._dataset(request.dataset, self._wait_s)
+        queue = self._queue(runtime, request.split or "train")
+        weights = None if request.reset else dict(request.weights)
+        position = request.position_seq if request.HasField("position_seq") else None
+        at = queue.set_mixture(weights, position, request.rank)
+        return pb.SetMixtureResponse(effective_seq=at)
+
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
         return pb.PingResponse(payload=request.payload)
 

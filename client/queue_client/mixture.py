@@ -1,0 +1,199 @@
+"""Which source each row of a mixture split comes from: a pure, deterministic row schedule.
+
+Weights are quantized to integer quotas over DENOMINATOR rows (largest remainder), and row
+n+1 goes to the source of the largest deficit, argmax_s (T_s(n+1) - c_s(n)), ties to the
+lowest index, where T_s is the target count (the sum of each weight segment's weight times its
+rows) and c_s the realised one. Deficits carry across a weight change, so the realised counts
+stay within one row of the target at every prefix, changes included.
+
+Counting rows at any n is cheap, never a simulation from row 0. In integer units
+d_s = DENOMINATOR * (T_s - c_s), a segment's state after each block of DENOMINATOR rows is
+congruent to its initial state modulo DENOMINATOR and bounded, so the block-start states
+repeat after a few blocks: each segment simulates blocks until one repeats, and every later
+row is read off that cycle. Pure Python (no numpy): the server and trainers import it too.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+DENOMINATOR = 10_000
+# A segment simulates at most this many blocks looking for its cycle (it is found in a few).
+_MAX_BLOCKS = 4096
+
+
+def quantize(weights: Sequence[float]) -> tuple[int, ...]:
+    """Integer quotas summing to DENOMINATOR, in proportion to `weights` (largest remainder,
+    ties to the lowest index). Raises ValueError naming a negative, NaN or all-zero weight."""
+    for i, w in enumerate(weights):
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+            raise ValueError(f"weight {i} is {w!r}: expected a finite number >= 0")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights {list(weights)} are all zero: at least one must be > 0")
+    exact = [w * DENOMINATOR / total for w in weights]
+    quotas = [math.floor(x) for x in exact]
+    order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - quotas[i]), i))
+    for i in order[: DENOMINATOR - sum(quotas)]:
+        quotas[i] += 1
+    return tuple(quotas)
+
+
+class _Segment:
+    """Rows [start, end) under one set of quotas, from the deficits it inherits."""
+
+    def __init__(self, start: int, quotas: tuple[int, ...], deficits: tuple[int, ...]) -> None:
+        self.start, self.quotas, self.deficits = start, quotas, deficits
+        k, big = len(quotas), DENOMINATOR
+        picks = array("b")
+        cum = [array("q", [0]) for _ in range(k)]
+        seen: dict[tuple[int, ...], int] = {}
+        d = list(deficits)
+        block = 0
+        while tuple(d) not in seen:
+            if block >= _MAX_BLOCKS:
+                raise RuntimeError(f"mixture schedule found no cycle in {block} blocks")
+            seen[tuple(d)] = block
+            counts = [c[-1] for c in cum]
+            for _ in range(big):
+                best, best_v = 0, d[0] + quotas[0]
+                for s in range(1, k):
+                    v = d[s] + quotas[s]
+                    if v > best_v:
+                        best, best_v = s, v
+                for s in range(k):
+                    d[s] += quotas[s]
+                d[best] -= big
+                counts[best] += 1
+                picks.append(best)
+                for s in range(k):
+                    cum[s].append(counts[s])
+            block += 1
+        self.cycle_start = seen[tuple(d)]
+        self.cycle_blocks = block - self.cycle_start
+        self.picks, self.cum = picks, cum
+        a, b = self.cycle_start * big, block * big
+        self.cycle_counts = [c[b] - c[a] for c in cum]
+
+    def _fold(self, m: int, row: bool = False) -> tuple[int, int]:
+        """(offset within the simulated blocks, cycles skipped) of offset m: a count's end
+        (row False) or a row (True)."""
+        b, r = divmod(m, DENOMINATOR)
+        end = self.cycle_start + self.cycle_blocks
+        if b < end or (b == end and r == 0 and not row):
+            return m, 0
+        cycles = (b - self.cycle_start) // self.cycle_blocks
+        return (b - cycles * self.cycle_blocks) * DENOMINATOR + r, cycles
+
+    def counts(self, m: int) -> list[int]:
+        """Rows of each source among the segment's first m rows."""
+        at, cycles = self._fold(m)
+        return [c[at] + cycles * cc for c, cc in zip(self.cum, self.cycle_counts, strict=True)]
+
+    def deficits_at(self, m: int) -> tuple[int, ...]:
+        counts = self.counts(m)
+        return tuple(
+            e + m * q - DENOMINATOR * c
+            for e, q, c in zip(self.deficits, self.quotas, counts, strict=True)
+        )
+
+    def source_of(self, m: int) -> int:
+        return self.picks[self._fold(m, row=True)[0]]
+
+
+@dataclass(frozen=True)
+class WeightSegment:
+    """Weights (quotas over DENOMINATOR) in force from row `start` on."""
+
+    start: int
+    quotas: tuple[int, ...]
+
+
+class RowSchedule:
+    """The row schedule of one split: weight segments in row order, the first at row 0."""
+
+    def __init__(self, segments: Sequence[WeightSegment]) -> None:
+        if not segments or segments[0].start != 0:
+            raise ValueError("a row schedule's first segment starts at row 0")
+        k = len(segments[0].quotas)
+        self.sources = k
+        self._segments: list[_Segment] = []
+        self.ends: list[int] = []
+        deficits = (0,) * k
+        for i, seg in enumerate(segments):
+            if len(seg.quotas) != k or sum(seg.quotas) != DENOMINATOR:
+                raise ValueError(f"segment {i}: quotas {seg.quotas} are not {k} summing to 1")
+            if i and seg.start <= segments[i - 1].start:
+                raise ValueError(f"segment {i} starts at row {seg.start}, not after the last")
+            if self._segments:
+                prev = self._segments[-1]
+                deficits = prev.deficits_at(seg.start - prev.start)
+            self._segments.append(_Segment(seg.start, seg.quotas, deficits))
+        self.ends = [s.start for s in segments[1:]] + [-1]
+
+    def _segment_of(self, n: int) -> int:
+        i = 0
+        while i + 1 < len(self._segments) and self._segments[i + 1].start <= n:
+            i += 1
+        return i
+
+    def counts(self, n: int) -> list[int]:
+        """Rows of each source among rows [0, n) of the split."""
+        total = [0] * self.sources
+        for seg, end in zip(self._segments, self.ends, strict=True):
+            if n <= seg.start:
+                break
+            upto = n if end < 0 else min(n, end)
+            for s, c in enumerate(seg.counts(upto - seg.start)):
+                total[s] += c
+        return total
+
+    def sources_of(self, start: int, stop: int) -> list[int]:
+        """The source of each row in [start, stop)."""
+        out: list[int] = []
+        i = self._segment_of(start)
+        for n in range(start, stop):
+            while i + 1 < len(self._segments) and self._segments[i + 1].start <= n:
+                i += 1
+            seg = self._segments[i]
+            out.append(seg.source_of(n - seg.start))
+        return out
+
+
+def segments_from_weights(
+    changes: Sequence[tuple[int, Sequence[float]]], rows_per_file: int
+) -> list[WeightSegment]:
+    """Weight segments from (first seq, weights) pairs in seq order (the first at seq 0),
+    merging neighbours whose quotas are equal."""
+    out: list[WeightSegment] = []
+    for seq, weights in changes:
+        quotas = quantize(weights)
+        if out and out[-1].quotas == quotas:
+            continue
+        out.append(WeightSegment(seq * rows_per_file, quotas))
+    return out
+
+
+def check_weights(weights: Mapping[str, object], names: Sequence[str], where: str) -> list[float]:
+    """Weights by source name as a list in `names` order; ValueError naming every unknown
+    source, a negative or NaN weight, or all weights zero. A source left out weighs 0."""
+    unknown = sorted(set(weights) - set(names))
+    if unknown:
+        raise ValueError(f"{where}: unknown source(s) {unknown}; the sources are {list(names)}")
+    bad = {
+        n: w
+        for n, w in weights.items()
+        if isinstance(w, bool)
+        or not isinstance(w, (int, float))
+        or not math.isfinite(float(w))
+        or float(w) < 0
+    }
+    if bad:
+        raise ValueError(f"{where}: weight(s) {bad} must be finite numbers >= 0")
+    out = [float(weights.get(n, 0.0)) for n in names]  # type: ignore[arg-type]
+    if not any(out):
+        raise ValueError(f"{where}: weights {dict(weights)} are all zero: one must be > 0")
+    return out
