@@ -27,9 +27,9 @@ from queue_client.layout import atomic_write, temp_path
 from queue_server.journal import (
     Advanced,
     AlphaChange,
-    MixtureChange,
     Folded,
     Journal,
+    MixtureChange,
     Produced,
     Snapshot,
     encode,
