@@ -151,6 +151,18 @@ class RowSchedule:
                 total[s] += c
         return total
 
+    def targets(self, n: int) -> list[float]:
+        """The target count of each source among rows [0, n): each segment's weights times
+        its rows."""
+        total = [0] * self.sources
+        for seg, end in zip(self._segments, self.ends, strict=True):
+            if n <= seg.start:
+                break
+            rows = (n if end < 0 else min(n, end)) - seg.start
+            for s, q in enumerate(seg.quotas):
+                total[s] += q * rows
+        return [t / DENOMINATOR for t in total]
+
     def sources_of(self, start: int, stop: int) -> list[int]:
         """The source of each row in [start, stop)."""
         out: list[int] = []
@@ -197,3 +209,93 @@ def check_weights(weights: Mapping[str, object], names: Sequence[str], where: st
     if not any(out):
         raise ValueError(f"{where}: weights {dict(weights)} are all zero: one must be > 0")
     return out
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """A mixture split's weights over seqs: the config's weights, its schedule points over
+    served tokens, then SetMixture calls. The worker that composes files and the server's
+    stats build the same RowSchedule from it."""
+
+    names: tuple[str, ...]
+    weights: tuple[float, ...]
+    # (tokens, weights in names order), tokens increasing.
+    schedule: tuple[tuple[int, tuple[float, ...]], ...]
+    rows_per_file: int
+    tokens_per_row: int = 1
+
+    def point_seqs(self) -> list[int]:
+        """The first seq of each schedule point: the first file starting at or past it."""
+        per_file = self.rows_per_file * self.tokens_per_row
+        return [-(-int(x) // per_file) for x, _ in self.schedule]
+
+    def scheduled(self, seq: int) -> tuple[float, ...]:
+        """The config's weights at `seq`: those of the last schedule point at or before it."""
+        starts = self.point_seqs()
+        i = 0
+        while i < len(starts) and starts[i] <= seq:
+            i += 1
+        return self.weights if i == 0 else self.schedule[i - 1][1]
+
+    def weights_at(
+        self, seq: int, changes: Sequence[tuple[int, Sequence[float] | None]]
+    ) -> tuple[float, ...]:
+        """The weights of file `seq`: the latest call starting at or before it (the later
+        call on a tie) unless it went back to the config, else the config's."""
+        best: tuple[int, int] | None = None
+        value: Sequence[float] | None = None
+        for order, (at, weights) in enumerate(changes):
+            if at <= seq and (best is None or (at, order) > best):
+                best, value = (at, order), weights
+        return tuple(value) if value is not None else self.scheduled(seq)
+
+    def segments(
+        self, changes: Sequence[tuple[int, Sequence[float] | None]]
+    ) -> list[WeightSegment]:
+        bounds = sorted({0, *self.point_seqs(), *(at for at, _ in changes)})
+        return segments_from_weights(
+            [(b, self.weights_at(b, changes)) for b in bounds], self.rows_per_file
+        )
+
+    def by_name(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> list:
+        """SetMixture calls with weights by name, as lists in names order."""
+        return [
+            (at, None if w is None else [float(w.get(n, 0.0)) for n in self.names])
+            for at, w in changes
+        ]
+
+
+class ScheduleCache:
+    """RowSchedules by their segments: one simulation per set of weight segments."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._size = size
+        self._found: dict[tuple[WeightSegment, ...], RowSchedule] = {}
+
+    def get(self, segments: Sequence[WeightSegment]) -> RowSchedule:
+        key = tuple(segments)
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= self._size:
+                self._found.pop(next(iter(self._found)))
+            found = self._found[key] = RowSchedule(segments)
+        return found
+
+
+def describe_stats(split: str, stats: Mapping[str, object]) -> list[str]:
+    """`queue-client stats` lines for a mixture split's stats (GetStats, as a dict)."""
+    lines = [f"{split}: mixture over {int(stats.get('rows_served', 0))} rows served"]  # type: ignore[call-overload]
+    for s in stats.get("sources", ()):  # type: ignore[attr-defined]
+        epochs = s.get("epochs")
+        lines.append(
+            f"  {s.get('name')}: weight {float(s.get('weight', 0)):.3f}, share "
+            f"{float(s.get('share', 0)):.4f} (target {float(s.get('target_share', 0)):.4f}), "
+            f"recent {float(s.get('window_share', 0)):.4f} "
+            f"(target {float(s.get('window_target_share', 0)):.4f}), "
+            f"{int(s.get('rows_served', 0))} rows, {int(s.get('tokens_served', 0))} tokens"
+            + (f", {float(epochs):.3f} epochs" if epochs is not None else "")
+        )
+    changes = len(stats.get("history", ())) - 1  # type: ignore[arg-type]
+    if changes > 0:
+        lines.append(f"  {changes} weight change(s) after the config's weights")
+    return lines

@@ -25,6 +25,7 @@ from queue_server.dataset import DatasetRuntime
 from queue_server.file_stream import chunk_size, stream_file
 from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
+from queue_server.mixture.proto import mixture_proto
 from queue_server.process_memory import rss_of
 from queue_server.split_queue import SplitQueue
 from queue_server.split_stats import training_view
@@ -190,6 +191,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
                 seqs_quarantined=snap.seqs_quarantined,
                 seqs_missing=snap.seqs_missing,
                 curriculum=_curriculum_stats(snap.curriculum),
+                mixture=mixture_proto(snap.mixture),
                 tokens_per_s=view.tokens_per_s,
                 batches_per_s=view.batches_per_s,
                 rate_window_s=view.rate_window_s,

@@ -33,6 +33,7 @@ from queue_server.journal_keeper import JournalKeeper
 from queue_server.leases import Lease, LeaseDirectory, LeaseTable, ReleaseOutcome
 from queue_server.mixture import changes as mixture_changes
 from queue_server.mixture.config import is_mixture
+from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProductionBackend, WorkerPlace
 from queue_server.production.producer import Production
 from queue_server.reconcile import reconcile
@@ -112,6 +113,7 @@ class SplitQueue:
         # A mixture's SetMixture calls, in call order: (first seq, weights or None).
         self.mixture = is_mixture(config.provider) and not candidates
         self.mixture_changes: list[tuple[int, dict[str, float] | None]] = []
+        self.mixture_view: MixtureView | None = None  # set by the dataset, from its meta
         self.production = Production(
             self.where,
             split,
@@ -416,6 +418,12 @@ class SplitQueue:
     def set_mixture(self, weights: dict[str, float] | None, position: int | None, rank: int) -> int:
         """SetMixture (queue_server/mixture/changes.py); returns the first seq it applies to."""
         return mixture_changes.set_mixture(self, weights, position, rank)
+
+    def mixture_stats(self) -> dict | None:
+        if self.mixture_view is None:
+            return None
+        consumed = self.state.counters.consumed_files
+        return self.mixture_view.stats(self.mixture_changes, consumed)
 
     # ---- stats ----------------------------------------------------------------------------
     def snapshot(self) -> SplitSnapshot:

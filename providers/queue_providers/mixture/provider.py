@@ -9,7 +9,6 @@ seq, the calls whose seq is <= s): any worker, process or machine makes the same
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 from queue_client.batchfile import EncodedBatchFile, encode_batch_file
 from queue_client.errors import ConfigError, MetaError
 from queue_client.meta import split_schema
-from queue_client.mixture import RowSchedule, segments_from_weights
+from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
 from queue_client.schema import check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.sources import (
@@ -60,8 +59,8 @@ class MixtureProvider(DataProviderBase):
         self.schedule_unit = schedule_unit
         self._providers = build_sources(context, sources)
         self._rows = [SourceRows(p) for p in self._providers]
-        self._changes: dict[str, list[tuple[int, list[float] | None]]] = {}
-        self._schedules: dict[tuple, RowSchedule] = {}
+        self._changes: dict[str, list] = {}
+        self._schedules = ScheduleCache()
         self._tokens_per_row = 1
 
     @property
@@ -106,50 +105,23 @@ class MixtureProvider(DataProviderBase):
         self._tokens_per_row = block if isinstance(block, int) and block > 0 else 1
 
     # ---- weights ------------------------------------------------------------------------
+    @property
+    def plan(self) -> WeightPlan:
+        return WeightPlan(
+            tuple(self.names),
+            tuple(self.weights),
+            tuple((int(x), tuple(w)) for x, w in self.schedule),
+            self.rows_per_file,
+            self._tokens_per_row,
+        )
+
     def set_weight_changes(self, split: str, changes: Sequence[Sequence[Any]]) -> None:
         """The journaled SetMixture calls of `split`, in call order: [first seq, {name: weight}
         or None for "back to the config"]."""
-        out: list[tuple[int, list[float] | None]] = []
-        for at, weights in changes:
-            out.append(
-                (
-                    int(at),
-                    None if weights is None else [float(weights.get(n, 0.0)) for n in self.names],
-                )
-            )
-        self._changes[split] = out
-
-    def _scheduled(self, seq: int) -> list[float]:
-        """The config's weights at `seq`: the last schedule point at or before it."""
-        tokens_per_file = self.rows_per_file * self._tokens_per_row
-        starts = [-(-int(x) // tokens_per_file) for x, _ in self.schedule]
-        i = bisect.bisect_right(starts, seq)
-        return self.weights if i == 0 else self.schedule[i - 1][1]
-
-    def weights_at(self, split: str, seq: int) -> list[float]:
-        """The weights in force at file `seq`: the latest SetMixture call starting at or
-        before it (the later call on a tie), else the config's."""
-        best: tuple[int, int] | None = None
-        value: list[float] | None = None
-        for order, (at, weights) in enumerate(self._changes.get(split, ())):
-            if at <= seq and (best is None or (at, order) > best):
-                best, value = (at, order), weights
-        return value if value is not None else self._scheduled(seq)
+        self._changes[split] = self.plan.by_name([(int(at), w) for at, w in changes])
 
     def row_schedule(self, split: str) -> RowSchedule:
-        tokens_per_file = self.rows_per_file * self._tokens_per_row
-        bounds = {0, *(-(-int(x) // tokens_per_file) for x, _ in self.schedule)}
-        bounds |= {at for at, _ in self._changes.get(split, ())}
-        segments = segments_from_weights(
-            [(b, self.weights_at(split, b)) for b in sorted(bounds)], self.rows_per_file
-        )
-        key = tuple(segments)
-        found = self._schedules.get(key)
-        if found is None:
-            if len(self._schedules) > 64:
-                self._schedules.clear()
-            found = self._schedules[key] = RowSchedule(segments)
-        return found
+        return self._schedules.get(self.plan.segments(self._changes.get(split, [])))
 
     # ---- files --------------------------------------------------------------------------
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
