@@ -305,20 +305,13 @@ class MixtureSourceStats(_message.Message):
 
 class MixtureWeightChange(_message.Message):
     __slots__ = ("effective_seq", "origin", "weights")
-    class WeightsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: float
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     EFFECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     effective_seq: int
     origin: str
-    weights: _containers.ScalarMap[str, float]
-    def __init__(self, effective_seq: _Optional[int] = ..., origin: _Optional[str] = ..., weights: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, effective_seq: _Optional[int] = ..., origin: _Optional[str] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class MixtureStats(_message.Message):
     __slots__ = ("sources", "rows_served", "window_rows", "history")

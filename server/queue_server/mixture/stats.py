@@ -41,24 +41,14 @@ class MixtureView:
         self._cache = ScheduleCache(4)
 
     def history(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> list[dict]:
-        out = [
-            {
-                "effective_seq": 0,
-                "origin": "config",
-                "weights": dict(zip(self.names, self.plan.weights, strict=True)),
-            }
-        ]
+        """The config's weights, its schedule points, then every call: weights in names order."""
+        out = [{"effective_seq": 0, "origin": "config", "weights": list(self.plan.weights)}]
         for seq, (_, weights) in zip(self.plan.point_seqs(), self.plan.schedule, strict=True):
-            out.append(
-                {
-                    "effective_seq": seq,
-                    "origin": "schedule",
-                    "weights": dict(zip(self.names, weights, strict=True)),
-                }
-            )
+            out.append({"effective_seq": seq, "origin": "schedule", "weights": list(weights)})
         for at, weights in changes:
             origin = "SetMixture" if weights is not None else "reset"
-            out.append({"effective_seq": at, "origin": origin, "weights": dict(weights or {})})
+            values = [float(weights.get(n, 0.0)) for n in self.names] if weights else []
+            out.append({"effective_seq": at, "origin": origin, "weights": values})
         return out
 
     def stats(
