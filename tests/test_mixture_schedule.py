@@ -5,8 +5,8 @@ journal records of SetMixture, through a compaction."""
 
 from __future__ import annotations
 
-import math
 import json
+import math
 from pathlib import Path
 
 import pytest
