@@ -15,7 +15,7 @@ from conftest import ROOT, subprocess_env
 
 
 def write_sources(tmp: Path) -> dict[str, Path]:
-    """"easy": a short pattern repeated (learnt at once); "hard": uniform noise."""
+    """ "easy": a short pattern repeated (learnt at once); "hard": uniform noise."""
     rng = np.random.default_rng(0)
     data = {
         "easy": np.tile(np.arange(0, 10, dtype=np.uint16), 400),
@@ -40,7 +40,9 @@ def run(server_address: str, *args: str) -> str:
     return proc.stdout
 
 
-def test_the_example_reweights_toward_the_hard_source_and_resumes(start_server, tmp_path: Path) -> None:
+def test_the_example_reweights_toward_the_hard_source_and_resumes(
+    start_server, tmp_path: Path
+) -> None:
     dirs = write_sources(tmp_path)
     config = "[datasets.mix]\nbatch_size = 8\nbatches_per_file = 5\n"
     for name in dirs:
@@ -61,7 +63,9 @@ def test_the_example_reweights_toward_the_hard_source_and_resumes(start_server, 
     assert "saved at step 40" in first and ckpt.is_file()
     second = run(server.address, "--checkpoint", str(ckpt), "--resume")
     assert "resumed at step 40" in second and "done at step 80" in second
-    lines = re.findall(r"step (\d+): easy loss \S+ weight (\S+), hard loss \S+ weight (\S+)", first + second)
+    lines = re.findall(
+        r"step (\d+): easy loss \S+ weight (\S+), hard loss \S+ weight (\S+)", first + second
+    )
     assert [int(s) for s, _, _ in lines] == [20, 40, 60, 80]
     easy, hard = float(lines[-1][1]), float(lines[-1][2])
     # Toward the source whose loss stays high; the floor keeps the easy one alive.

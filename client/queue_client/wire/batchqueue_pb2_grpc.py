@@ -180,8 +180,8 @@ class BatchQueueServicer:
     def SetMixture(self, request, context):
         """Changes the source weights of a split of a mixture dataset (one with sources tables),
         from effective_seq on (see docs/mixtures.md): every row from effective_seq * rows per
-        file on is drawn by the new weights, the realised counts staying within one row of the
-        target, and every source continuing its own stream where it stopped. The call is
+        file on is drawn by the new weights, the realised counts tracking the cumulative target,
+        and every source continuing its own stream where it stopped. The call is
         journaled before it is answered, so it survives a server crash. INVALID_ARGUMENT naming
         them for unknown source names, negative or NaN weights, all weights zero, or a dataset
         without sources; NOT_FOUND for an unknown dataset or split. Not idempotent: each call is
