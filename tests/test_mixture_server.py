@@ -98,8 +98,10 @@ def plan() -> WeightPlan:
     return WeightPlan(NAMES, WEIGHTS, (), R)
 
 
-def schedule(changes: list[tuple[int, dict[str, float] | None]]) -> RowSchedule:
-    p = plan()
+def schedule(
+    changes: list[tuple[int, dict[str, float] | None]], p: WeightPlan | None = None
+) -> RowSchedule:
+    p = p or plan()
     return RowSchedule(p.segments(p.by_name(changes)))
 
 
@@ -144,6 +146,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     tmp = tmp_path_factory.mktemp("mixture")
     dirs = write_sources(tmp)
     config = mixture("mix", dirs) + mixture("ranks", dirs)
+    config += mixture("sched", dirs, "mixture_schedule = [[1000, { math = 1.0 }]]")
     factory = ServerFactory(tmp)
     yield factory(config), tmp
     factory.close()
@@ -291,6 +294,19 @@ def test_node_local_servers_make_the_same_rows(shared, reference, tmp_path: Path
         factory.close()
     assert ats[0] == ats[1], ats
     check_rows(batches, schedule([(ats[0], {"web": 0.0, "code": 1.0})] * 2), reference)
+
+
+def test_a_config_schedule_point_switches_weights_at_its_file(shared, reference) -> None:
+    """A point at 1,000 tokens: files of 20 rows x 8 tokens, so from seq 7 on (the first file
+    starting at or past it) only math; each source still continues its own stream."""
+    server, _ = shared
+    with QueueClient(server.address, "sched") as client:
+        batches = read(client, 12 * NB)
+    p = WeightPlan(NAMES, WEIGHTS, ((1000, (0.0, 0.0, 1.0)),), R, BLOCK)
+    assert p.point_seqs() == [7]
+    check_rows(batches, schedule([], p), reference)
+    # The deficits the first weights left are paid first: then only math.
+    assert {int(s) for b in batches[8 * NB :] for s in b["source"]} == {2}
 
 
 def test_set_mixture_errors_name_what_is_wrong(shared) -> None:
