@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_mixture_server import NB, mixture, write_sources
 
 from queue_client import QueueClient
-from test_mixture_server import NB, mixture, write_sources
 
 
 def test_a_ray_mixture_serves_the_rows_of_a_local_one(start_server, tmp_path: Path) -> None:
