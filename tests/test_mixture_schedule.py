@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from queue_client.mixture import (
     DENOMINATOR,
     RowSchedule,
+    ScheduleCache,
     WeightPlan,
     WeightSegment,
     check_weights,
@@ -155,3 +156,17 @@ def test_a_reader_of_version_4_refuses_mixture_records(monkeypatch: pytest.Monke
     monkeypatch.setattr(journal_module, "JOURNAL_VERSION", 4)
     with pytest.raises(errors.ConfigError, match="journal version 5, this one reads up to 4"):
         decode(obj, "train.jsonl")
+
+
+def test_one_more_weight_change_simulates_one_more_segment() -> None:
+    """Online mixing changes the weights often: a schedule with one more change reuses every
+    segment simulated before (the memo), so each change costs one segment, not all of them."""
+    cache = ScheduleCache()
+    plan = WeightPlan(("a", "b", "c"), (1.0, 1.0, 1.0), (), 100)
+    calls: list = []
+    for i in range(1, 30):
+        calls.append((i * 3, {"a": i % 5 + 1.0, "b": 1.0, "c": i % 3 + 0.5}))
+        cache.get(plan.segments(plan.by_name(calls)))
+    assert len(cache._memo) <= 30
+    sched = cache.get(plan.segments(plan.by_name(calls)))
+    assert sum(sched.counts(10_000)) == 10_000

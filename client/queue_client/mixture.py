@@ -16,8 +16,8 @@ row is read off that cycle. Pure Python (no numpy): the server and trainers impo
 
 from __future__ import annotations
 
+import bisect
 import math
-from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -44,21 +44,23 @@ def quantize(weights: Sequence[float]) -> tuple[int, ...]:
 
 
 class _Segment:
-    """Rows [start, end) under one set of quotas, from the deficits it inherits."""
+    """The rows of one set of quotas from the deficits it inherits, by offset: its blocks of
+    DENOMINATOR rows until a block-start state repeats, then that cycle forever. Holds one
+    byte per simulated row and the counts at each block start."""
 
-    def __init__(self, start: int, quotas: tuple[int, ...], deficits: tuple[int, ...]) -> None:
-        self.start, self.quotas, self.deficits = start, quotas, deficits
+    def __init__(self, quotas: tuple[int, ...], deficits: tuple[int, ...]) -> None:
+        self.quotas, self.deficits = quotas, deficits
         k, big = len(quotas), DENOMINATOR
-        picks = array("b")
-        cum = [array("q", [0]) for _ in range(k)]
+        picks = bytearray()
+        counts = [0] * k
+        block_counts: list[tuple[int, ...]] = []
         seen: dict[tuple[int, ...], int] = {}
         d = list(deficits)
-        block = 0
         while tuple(d) not in seen:
-            if block >= _MAX_BLOCKS:
-                raise RuntimeError(f"mixture schedule found no cycle in {block} blocks")
-            seen[tuple(d)] = block
-            counts = [c[-1] for c in cum]
+            if len(block_counts) >= _MAX_BLOCKS:
+                raise RuntimeError(f"mixture schedule found no cycle in {_MAX_BLOCKS} blocks")
+            seen[tuple(d)] = len(block_counts)
+            block_counts.append(tuple(counts))
             for _ in range(big):
                 best, best_v = 0, d[0] + quotas[0]
                 for s in range(1, k):
@@ -70,14 +72,12 @@ class _Segment:
                 d[best] -= big
                 counts[best] += 1
                 picks.append(best)
-                for s in range(k):
-                    cum[s].append(counts[s])
-            block += 1
+        block_counts.append(tuple(counts))
         self.cycle_start = seen[tuple(d)]
-        self.cycle_blocks = block - self.cycle_start
-        self.picks, self.cum = picks, cum
-        a, b = self.cycle_start * big, block * big
-        self.cycle_counts = [c[b] - c[a] for c in cum]
+        self.cycle_blocks = len(block_counts) - 1 - self.cycle_start
+        self.picks, self.block_counts = bytes(picks), block_counts
+        first = block_counts[self.cycle_start]
+        self.cycle_counts = [b - a for a, b in zip(first, counts, strict=True)]
 
     def _fold(self, m: int, row: bool = False) -> tuple[int, int]:
         """(offset within the simulated blocks, cycles skipped) of offset m: a count's end
@@ -92,7 +92,14 @@ class _Segment:
     def counts(self, m: int) -> list[int]:
         """Rows of each source among the segment's first m rows."""
         at, cycles = self._fold(m)
-        return [c[at] + cycles * cc for c, cc in zip(self.cum, self.cycle_counts, strict=True)]
+        b, r = divmod(at, DENOMINATOR)
+        part = self.picks[b * DENOMINATOR : b * DENOMINATOR + r]
+        return [
+            base + part.count(s) + cycles * cc
+            for s, (base, cc) in enumerate(
+                zip(self.block_counts[b], self.cycle_counts, strict=True)
+            )
+        ]
 
     def deficits_at(self, m: int) -> tuple[int, ...]:
         counts = self.counts(m)
@@ -114,15 +121,23 @@ class WeightSegment:
 
 
 class RowSchedule:
-    """The row schedule of one split: weight segments in row order, the first at row 0."""
+    """The row schedule of one split: weight segments in row order, the first at row 0.
 
-    def __init__(self, segments: Sequence[WeightSegment]) -> None:
+    `memo` (quotas, inherited deficits) -> segment is shared between schedules, so a schedule
+    with one more weight change simulates only its new segment."""
+
+    def __init__(
+        self,
+        segments: Sequence[WeightSegment],
+        memo: dict[tuple[tuple[int, ...], tuple[int, ...]], _Segment] | None = None,
+    ) -> None:
         if not segments or segments[0].start != 0:
             raise ValueError("a row schedule's first segment starts at row 0")
+        memo = {} if memo is None else memo
         k = len(segments[0].quotas)
         self.sources = k
+        self.starts = [seg.start for seg in segments]
         self._segments: list[_Segment] = []
-        self.ends: list[int] = []
         deficits = (0,) * k
         for i, seg in enumerate(segments):
             if len(seg.quotas) != k or sum(seg.quotas) != DENOMINATOR:
@@ -130,25 +145,24 @@ class RowSchedule:
             if i and seg.start <= segments[i - 1].start:
                 raise ValueError(f"segment {i} starts at row {seg.start}, not after the last")
             if self._segments:
-                prev = self._segments[-1]
-                deficits = prev.deficits_at(seg.start - prev.start)
-            self._segments.append(_Segment(seg.start, seg.quotas, deficits))
-        self.ends = [s.start for s in segments[1:]] + [-1]
+                deficits = self._segments[-1].deficits_at(seg.start - segments[i - 1].start)
+            found = memo.get((seg.quotas, deficits))
+            if found is None:
+                found = memo[(seg.quotas, deficits)] = _Segment(seg.quotas, deficits)
+            self._segments.append(found)
+        self.ends = [*self.starts[1:], -1]
 
     def _segment_of(self, n: int) -> int:
-        i = 0
-        while i + 1 < len(self._segments) and self._segments[i + 1].start <= n:
-            i += 1
-        return i
+        return max(0, bisect.bisect_right(self.starts, n) - 1)
 
     def counts(self, n: int) -> list[int]:
         """Rows of each source among rows [0, n) of the split."""
         total = [0] * self.sources
-        for seg, end in zip(self._segments, self.ends, strict=True):
-            if n <= seg.start:
+        for seg, start, end in zip(self._segments, self.starts, self.ends, strict=True):
+            if n <= start:
                 break
             upto = n if end < 0 else min(n, end)
-            for s, c in enumerate(seg.counts(upto - seg.start)):
+            for s, c in enumerate(seg.counts(upto - start)):
                 total[s] += c
         return total
 
@@ -156,10 +170,10 @@ class RowSchedule:
         """The target count of each source among rows [0, n): each segment's weights times
         its rows."""
         total = [0] * self.sources
-        for seg, end in zip(self._segments, self.ends, strict=True):
-            if n <= seg.start:
+        for seg, start, end in zip(self._segments, self.starts, self.ends, strict=True):
+            if n <= start:
                 break
-            rows = (n if end < 0 else min(n, end)) - seg.start
+            rows = (n if end < 0 else min(n, end)) - start
             for s, q in enumerate(seg.quotas):
                 total[s] += q * rows
         return [t / DENOMINATOR for t in total]
@@ -169,10 +183,9 @@ class RowSchedule:
         out: list[int] = []
         i = self._segment_of(start)
         for n in range(start, stop):
-            while i + 1 < len(self._segments) and self._segments[i + 1].start <= n:
+            while i + 1 < len(self.starts) and self.starts[i + 1] <= n:
                 i += 1
-            seg = self._segments[i]
-            out.append(seg.source_of(n - seg.start))
+            out.append(self._segments[i].source_of(n - self.starts[i]))
         return out
 
 
@@ -272,6 +285,7 @@ class ScheduleCache:
     def __init__(self, size: int = 16) -> None:
         self._size = size
         self._found: dict[tuple[WeightSegment, ...], RowSchedule] = {}
+        self._memo: dict[tuple[tuple[int, ...], tuple[int, ...]], _Segment] = {}
 
     def get(self, segments: Sequence[WeightSegment]) -> RowSchedule:
         key = tuple(segments)
@@ -279,7 +293,7 @@ class ScheduleCache:
         if found is None:
             if len(self._found) >= self._size:
                 self._found.pop(next(iter(self._found)))
-            found = self._found[key] = RowSchedule(segments)
+            found = self._found[key] = RowSchedule(segments, self._memo)
         return found
 
 
