@@ -30,6 +30,7 @@ from queue_client.cli import main as cli_main
 from queue_client.mixture import RowSchedule, WeightPlan
 from queue_providers.base import ProviderContext
 from queue_providers.mixture.sources import SourceRows, build_sources, source_meta
+from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.testing import ServerProcess
 
 B, NB = 4, 5  # batch size, batches per file
@@ -147,6 +148,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     dirs = write_sources(tmp)
     config = mixture("mix", dirs) + mixture("ranks", dirs)
     config += mixture("sched", dirs, "mixture_schedule = [[1000, { math = 1.0 }]]")
+    config += mixture("raw", dirs)
     factory = ServerFactory(tmp)
     yield factory(config), tmp
     factory.close()
@@ -307,6 +309,24 @@ def test_a_config_schedule_point_switches_weights_at_its_file(shared, reference)
     check_rows(batches, schedule([], p), reference)
     # The deficits the first weights left are paid first: then only math.
     assert {int(s) for b in batches[8 * NB :] for s in b["source"]} == {2}
+
+
+def test_a_call_without_a_position_starts_past_every_file_made(shared, reference) -> None:
+    """grpcurl's way: no position_seq. The change starts at the first seq no worker made or
+    is making, and the rows follow it from there."""
+    server, _ = shared
+    with QueueClient(server.address, "raw") as client:
+        before = read(client, NB)  # file 0 read: the server has made some files ahead
+        made = int(server.split_stats("raw")["produced_files"])
+        reply = server.stub.SetMixture(
+            pb.SetMixtureRequest(dataset="raw", weights={"code": 1.0}), timeout=30
+        )
+        at = int(reply.effective_seq)
+        assert made <= at <= 1 + 2 + 2  # past what was made; within the backlog window
+        after = read(client, (at + 2) * NB)
+    check_rows(before + after, schedule([(at, {"code": 1.0})]), reference)
+    reset = server.stub.SetMixture(pb.SetMixtureRequest(dataset="raw", reset=True), timeout=30)
+    assert int(reset.effective_seq) >= at
 
 
 def test_set_mixture_errors_name_what_is_wrong(shared) -> None:
