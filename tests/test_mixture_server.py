@@ -28,9 +28,9 @@ from conftest import ServerFactory, wait_until
 from queue_client import InvalidRequest, QueueClient
 from queue_client.cli import main as cli_main
 from queue_client.mixture import RowSchedule, WeightPlan
+from queue_client.wire import batchqueue_pb2 as pb
 from queue_providers.base import ProviderContext
 from queue_providers.mixture.sources import SourceRows, build_sources, source_meta
-from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.testing import ServerProcess
 
 B, NB = 4, 5  # batch size, batches per file
