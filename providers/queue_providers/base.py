@@ -77,6 +77,9 @@ class ProviderContext:
 class DataProviderBase(abc.ABC):
     """Base of every provider. Subclasses take their config args as keyword-only parameters."""
 
+    # The config args as the worker received them, set by the registry after construction.
+    _config_args: dict[str, Any]
+
     def __init__(self, context: ProviderContext) -> None:
         self.context = context
         self._schemas: dict[str, tuple[FieldSpec, ...]] = {}

@@ -22,7 +22,7 @@ from queue_client.errors import ConfigError
 from queue_client.meta import loads_plain
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema
-from queue_providers.remote import input_path, local_file, store_for
+from queue_providers.remote import RemotePath, input_path, local_file, store_for
 
 # What nanoGPT's openwebtext and shakespeare (BPE) sets hold when they have no meta.pkl.
 GPT2_VOCAB_SIZE = 50257
@@ -95,6 +95,9 @@ class NanoGPTBinProvider(DataProviderBase):
         for split in splits:
             path = self.data_dir / f"{split}.bin"
             self.paths[split], self.tokens[split] = path, self._count_tokens(path)
+        copies = [p.object() for p in self.paths.values() if isinstance(p, RemotePath)]
+        if copies:  # every split is memory-mapped at once: their local copies must fit together
+            store.check_room(copies, "nanogpt_bin")
         self._maps: dict[str, np.memmap] = {}
         self._offsets = torch.arange(block_size + 1)
 

@@ -163,9 +163,9 @@ class QueueCollector:
                 )
                 for worker, pid in enumerate(snap.worker_pids):
                     rss.add_metric([name, split, str(worker)], self.rss.get(pid, 0))
-                for attr, family in curriculum.items():
+                for attr, gauge in curriculum.items():
                     if snap.curriculum is not None and attr in snap.curriculum:
-                        family.add_metric(key, float(snap.curriculum[attr]))
+                        gauge.add_metric(key, float(snap.curriculum[attr]))
                 add_mixture_metrics(mixture, key, snap.mixture)
         yield up
         yield from gauges.values()
@@ -181,7 +181,7 @@ class MetricsServer:
         disable_created_metrics()  # process-wide: no `_created` series anywhere
         self.registry = CollectorRegistry()
         self.collector = QueueCollector(datasets)
-        self.registry.register(self.collector)  # type: ignore[arg-type]
+        self.registry.register(self.collector)
         self.wait_seconds = Histogram(
             "batchqueue_get_batch_wait_seconds",
             "How long get_batch blocked at a file boundary, as reported by clients",
