@@ -34,6 +34,11 @@ def is_mixture(provider: str) -> bool:
 
 def take_mixture(table: dict[str, Any], where: str) -> None:
     """Replace a table's mixture keys by provider = "mixture" and its args, in place."""
+    if table.get("provider") == MIXTURE_PROVIDER:
+        raise ConfigError(
+            f'{where}.provider = "{MIXTURE_PROVIDER}": write the sources as '
+            f"[{where}.sources.NAME] tables (provider, weight, args) instead"
+        )
     if not MIXTURE_KEYS & set(table):
         return
     if "sources" not in table:
