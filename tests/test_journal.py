@@ -166,7 +166,7 @@ def test_a_reader_of_version_2_refuses_advanced_records(monkeypatch: pytest.Monk
     stream position they hold, so it must refuse the journal instead."""
     obj = json.loads(encode(Advanced(2, 0)))
     monkeypatch.setattr(journal_module, "JOURNAL_VERSION", 2)
-    with pytest.raises(errors.ConfigError, match=r"journal version [34], this one reads up to 2"):
+    with pytest.raises(errors.ConfigError, match=r"journal version [3-9], this one reads up to 2"):
         decode(obj, "train.jsonl")
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from queue_client import errors
 from queue_client.meta import meta_from_json
+from queue_client.mixture import describe_stats
 from queue_client.rpc import Rpc
 from queue_client.wire import batchqueue_pb2 as pb
 
@@ -373,6 +374,8 @@ def _render_stats(doc: dict[str, Any]) -> Any:
                     f"{cur['kl_to_target']:.4f} nats, buffer {cur['buffer_batches']} batches, "
                     f"{cur['candidate_files']} candidate files"
                 )
+            if s.get("mixture"):
+                curricula.extend(describe_stats(s["split"], s["mixture"]))
         parts += [splits, ranks]
         parts += [Text(line) for line in curricula + workers]
         parts += [Text(note, style="red") for note in notes if note]

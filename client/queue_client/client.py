@@ -196,6 +196,33 @@ class QueueClient:
         reply = self._rpc.call("SetCurriculum", request, timeout_s=self.timeout_s)
         return int(reply.effective_seq)
 
+    def set_mixture(self, weights: Mapping[str, float] | None, split: str = "train") -> int:
+        """Set the source weights of a mixture dataset (None: back to the config's weights
+        and schedule); returns the first seq whose rows are drawn by them (docs/mixtures.md).
+
+        Anchored to this rank's position as set_curriculum is: calls from every rank at the
+        same step land on the same seq, within max_backlog_files + 3 files of this rank.
+        Unknown names, negative or NaN weights, all zero: InvalidRequest naming them.
+        """
+        self._check_split(split)
+        request = pb.SetMixtureRequest(
+            dataset=self.dataset,
+            split=split,
+            position_seq=self._position(split),
+            rank=self.world.rank,
+        )
+        if weights is None:
+            request.reset = True
+        else:
+            for name, weight in weights.items():
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                    raise errors.InvalidRequest(
+                        f"weight of source {name!r} is {weight!r}: not a number"
+                    )
+                request.weights[str(name)] = float(weight)
+        reply = self._rpc.call("SetMixture", request, timeout_s=self.timeout_s)
+        return int(reply.effective_seq)
+
     def _position(self, split: str) -> int:
         """The seq of the file this rank reads now (or reads first, before any batch)."""
         if self.mode != "deterministic":

@@ -18,6 +18,7 @@ BUILTIN: dict[str, str] = {
     "char_diffusion": "queue_providers.char_diffusion:CharDiffusionProvider",
     "char_lm": "queue_providers.char_lm:CharLMProvider",
     "classification": "queue_providers.classification:ClassificationProvider",
+    "mixture": "queue_providers.mixture:MixtureProvider",
     "nanogpt_bin": "queue_providers.nanogpt_bin:NanoGPTBinProvider",
     "text_lm": "queue_providers.text_lm:TextLMProvider",
     "token_classification": "queue_providers.token_classification:TokenClassificationProvider",

@@ -29,6 +29,7 @@ from queue_server.journal import (
     AlphaChange,
     Folded,
     Journal,
+    MixtureChange,
     Produced,
     Snapshot,
     encode,
@@ -43,7 +44,7 @@ class Facts:
 
     world_size: int = 1
     last_consumed: dict[int, int] = field(default_factory=dict)
-    alpha_changes: list[AlphaChange] = field(default_factory=list)
+    alpha_changes: list[AlphaChange | MixtureChange] = field(default_factory=list)
     records: int = 0
 
 

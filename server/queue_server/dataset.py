@@ -25,6 +25,7 @@ from queue_server.config import DatasetConfig, ServerConfig
 from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
 from queue_server.leases import LeaseDirectory
+from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProduceFailed, ProductionBackend, SlotDied
 from queue_server.production.process_pool import ProcessPoolBackend
 from queue_server.production.worker_process import WorkerDied, WorkerError, WorkerProcess
@@ -106,7 +107,7 @@ class DatasetRuntime:
             config = dataclasses.replace(
                 config, max_backlog_files=settings.candidate_backlog, selection="fifo"
             )
-        return SplitQueue(
+        queue = SplitQueue(
             config,
             split,
             self.layout,
@@ -122,6 +123,9 @@ class DatasetRuntime:
             # A curriculum's candidates are its own business: every rank's (and never node-local).
             served=EVERY_RANK if candidates else self.server.served,
         )
+        if queue.mixture:
+            queue.mixture_view = MixtureView(config.args, self.meta, split)
+        return queue
 
     def _backend(self, split: str) -> ProductionBackend:
         """What makes the split's files: provider workers, Ray actors, or a curriculum composer."""

@@ -12,6 +12,7 @@ from typing import Any
 from queue_client.errors import ConfigError, InvalidRequest
 from queue_client.layout import check_dataset_name, check_split_name
 from queue_server.config_checks import check, in_range, is_int, is_number
+from queue_server.mixture.config import MIXTURE_KEYS, take_mixture
 
 MODES = ("deterministic", "best_effort")
 SELECTIONS = ("fifo", "curriculum")
@@ -326,6 +327,7 @@ def dataset_from_table(name: str, table: dict[str, Any]) -> DatasetConfig:
         raise ConfigError(
             f"unknown key(s) {[f'{where}.{k}' for k in unknown]}: expected some of {sorted(DATASET_KEYS)}"
         )
+    take_mixture(table, where)
     for key in ("provider", "batch_size"):
         if key not in table:
             raise ConfigError(f"{where}.{key} is missing")
@@ -334,6 +336,8 @@ def dataset_from_table(name: str, table: dict[str, Any]) -> DatasetConfig:
 
 
 # The keys a [datasets.NAME] table may hold.
-DATASET_KEYS = ({f.name for f in fields(DatasetConfig)} - {"name", "curriculum"}) | set(
-    CURRICULUM_KEYS
+DATASET_KEYS = (
+    ({f.name for f in fields(DatasetConfig)} - {"name", "curriculum"})
+    | set(CURRICULUM_KEYS)
+    | MIXTURE_KEYS
 )

@@ -19,7 +19,8 @@ counts.
 
 Records are typed (the dataclasses below) and versioned: each line carries "v". Lines from
 before versions existed (no "v") are version 1, with the same keys, and still load. Version 3
-added "advanced" records, version 4 "snapshot" records.
+added "advanced" records, version 4 "snapshot" records, version 5 "mix" records (SetMixture
+calls, kept among the setting changes a snapshot carries).
 
 The file is checked before every append: a journal deleted, replaced or cut shorter under a
 running server raises JournalLost naming it, rather than the server writing on into a file
@@ -40,7 +41,7 @@ from queue_client.batchfile import MAX_NAMED_SEQ
 
 log = logging.getLogger("queue_server.journal")
 
-JOURNAL_VERSION = 4
+JOURNAL_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,15 @@ class AlphaChange:
     rank: int
 
 
+@dataclass(frozen=True)
+class MixtureChange:
+    """A SetMixture call: weights by source name (None: back to the config's) from seq `at`."""
+
+    at: int
+    weights: dict[str, float] | None
+    rank: int
+
+
 @dataclass
 class Folded:
     """Seqs below a compaction floor, by their last state: counted, no longer listed."""
@@ -108,12 +118,12 @@ class Snapshot:
     consumed: tuple[int, ...]
     quarantined: tuple[int, ...]
     on_disk: tuple[int, ...]
-    alpha_changes: tuple[AlphaChange, ...]
+    alpha_changes: tuple[AlphaChange | MixtureChange, ...]
     counts: dict[str, int]
     folded: Folded
 
 
-Record = Produced | Advanced | Consumed | Quarantined | AlphaChange | Snapshot
+Record = Produced | Advanced | Consumed | Quarantined | AlphaChange | MixtureChange | Snapshot
 
 
 def _snapshot_obj(record: Snapshot) -> dict[str, Any]:
@@ -127,10 +137,17 @@ def _snapshot_obj(record: Snapshot) -> dict[str, Any]:
         "consumed": list(record.consumed),
         "quarantined": list(record.quarantined),
         "disk": list(record.on_disk),
-        "alpha": [[a.at, a.alpha, a.rank] for a in record.alpha_changes],
+        "alpha": [_change_entry(a) for a in record.alpha_changes],
         "counts": record.counts,
         "folded": [f.produced, f.consumed, f.quarantined, f.missing],
     }
+
+
+def _change_entry(change: AlphaChange | MixtureChange) -> list[Any]:
+    """A setting change in a snapshot: [at, alpha, rank], or [at, weights, rank, "mix"]."""
+    if isinstance(change, MixtureChange):
+        return [change.at, change.weights, change.rank, "mix"]
+    return [change.at, change.alpha, change.rank]
 
 
 def encode(record: Record) -> bytes:
@@ -161,14 +178,23 @@ def encode(record: Record) -> bytes:
         obj = {"e": "q", "seq": record.seq, "why": record.reason}
     elif isinstance(record, Snapshot):
         obj = _snapshot_obj(record)
+    elif isinstance(record, MixtureChange):
+        obj = {"e": "mix", "at": record.at, "weights": record.weights, "rank": record.rank}
     else:
         obj = {"e": "alpha", "at": record.at, "alpha": record.alpha, "rank": record.rank}
     obj["v"] = JOURNAL_VERSION
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
-def _alpha(at: Any, alpha: Any, rank: Any) -> AlphaChange:
+def _alpha(at: Any, alpha: Any, rank: Any, kind: str = "alpha") -> AlphaChange | MixtureChange:
+    if kind == "mix":
+        return _mix(at, alpha, rank)
     return AlphaChange(int(at), None if alpha is None else float(alpha), int(rank))
+
+
+def _mix(at: Any, weights: Any, rank: Any) -> MixtureChange:
+    parsed = None if weights is None else {str(k): float(v) for k, v in dict(weights).items()}
+    return MixtureChange(int(at), parsed, int(rank))
 
 
 def _decode_snapshot(obj: dict[str, Any]) -> Snapshot:
@@ -219,6 +245,8 @@ def decode(obj: dict[str, Any], where: str) -> Record | None:
         return _alpha(obj["at"], obj.get("alpha"), obj.get("rank", 0))
     if kind == "s":
         return _decode_snapshot(obj)
+    if kind == "mix":
+        return _mix(obj["at"], obj.get("weights"), obj.get("rank", 0))
     return None
 
 
@@ -256,7 +284,7 @@ class JournalSummary:
     world_size: int = 1
     # rank -> last consumed seq, under world_size.
     last_consumed: dict[int, int] = field(default_factory=dict)
-    alpha_changes: list[AlphaChange] = field(default_factory=list)
+    alpha_changes: list[AlphaChange | MixtureChange] = field(default_factory=list)
     # From the last snapshot: seqs below floor are folded into counts; states_only maps a seq
     # below it to the record that can make it again (a rewind), without it being accounted.
     floor: int = 0

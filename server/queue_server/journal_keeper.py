@@ -24,7 +24,14 @@ from collections.abc import Callable, Iterable
 from queue_client.layout import temp_path
 from queue_server import compaction
 from queue_server.background import BackgroundTasks
-from queue_server.journal import AlphaChange, Consumed, Journal, JournalLost, Record
+from queue_server.journal import (
+    AlphaChange,
+    Consumed,
+    Journal,
+    JournalLost,
+    MixtureChange,
+    Record,
+)
 from queue_server.split_state import SplitState
 
 log = logging.getLogger("queue_server.journal")
@@ -97,7 +104,7 @@ class JournalKeeper:
             facts.world_size = record.world_size
             rank = record.seq % record.world_size
             facts.last_consumed[rank] = max(record.seq, facts.last_consumed.get(rank, -1))
-        elif isinstance(record, AlphaChange):
+        elif isinstance(record, (AlphaChange, MixtureChange)):
             facts.alpha_changes.append(record)
         if self.compact_records and facts.records >= self._next_compaction and not self._compacting:
             self._compacting = True

@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from queue_server.config import parse_listen
+from queue_server.mixture.proto import add_mixture_metrics, mixture_families
 from queue_server.process_memory import rss_of
 from queue_server.training_units import SplitUnits, split_units
 
@@ -151,6 +152,7 @@ class QueueCollector:
                 labels=labels,
             ),
         }
+        mixture = mixture_families(labels)
         for name, runtime in self._datasets.items():
             up.add_metric([name], 1.0 if runtime.state == "serving" else 0.0)
             for split, queue in runtime.splits.items():
@@ -170,9 +172,11 @@ class QueueCollector:
                 for attr, gauge in curriculum.items():
                     if snap.curriculum is not None and attr in snap.curriculum:
                         gauge.add_metric(key, float(snap.curriculum[attr]))
+                add_mixture_metrics(mixture, key, snap.mixture)
         yield up
         yield from gauges.values()
         yield from curriculum.values()
+        yield from mixture.values()
         yield from counters.values()
         yield tokens
         yield rss

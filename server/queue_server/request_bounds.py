@@ -121,3 +121,25 @@ def check_set_curriculum(request: pb.SetCurriculumRequest) -> None:
         check_int("position_seq", request.position_seq, 0, MAX_SEQ)
     if request.HasField("alpha"):
         check_unit_interval("alpha", request.alpha)
+
+
+# Sources of one mixture, and the length of a source name (mixture/config.py).
+MAX_MIXTURE_SOURCES = 255
+MAX_SOURCE_NAME = 64
+
+
+def check_set_mixture(request: pb.SetMixtureRequest) -> None:
+    """SetMixture: rank, position_seq, the number and names of the weights, reset."""
+    check_int("rank", request.rank, 0, MAX_WORLD_SIZE - 1)
+    if request.HasField("position_seq"):
+        check_int("position_seq", request.position_seq, 0, MAX_SEQ)
+    if len(request.weights) > MAX_MIXTURE_SOURCES:
+        raise InvalidRequest(
+            f"{len(request.weights)} weights in one call; a mixture has at most "
+            f"{MAX_MIXTURE_SOURCES} sources"
+        )
+    long = [name[:80] for name in request.weights if len(name) > MAX_SOURCE_NAME]
+    if long:
+        raise InvalidRequest(f"source name(s) {long} are longer than {MAX_SOURCE_NAME} characters")
+    if request.reset and request.weights:
+        raise InvalidRequest("reset = true goes back to the config's weights: send no weights")

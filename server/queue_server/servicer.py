@@ -26,6 +26,7 @@ from queue_server.fetch_streams import FetchStreams
 from queue_server.file_stream import chunk_size, stream_file
 from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
+from queue_server.mixture.proto import mixture_proto
 from queue_server.process_memory import rss_of
 from queue_server.request_decoding import UndecodableRequest
 from queue_server.split_queue import SplitQueue
@@ -196,6 +197,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
                 seqs_quarantined=snap.seqs_quarantined,
                 seqs_missing=snap.seqs_missing,
                 curriculum=_curriculum_stats(snap.curriculum),
+                mixture=mixture_proto(snap.mixture),
                 tokens_per_s=view.tokens_per_s,
                 batches_per_s=view.batches_per_s,
                 rate_window_s=view.rate_window_s,
@@ -312,6 +314,18 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         position = request.position_seq if request.HasField("position_seq") else None
         at = queue.set_curriculum(alpha, position, request.rank)
         return pb.SetCurriculumResponse(effective_seq=at)
+
+    @_translate
+    async def SetMixture(
+        self, request: pb.SetMixtureRequest, context: Any
+    ) -> pb.SetMixtureResponse:
+        request_bounds.check_set_mixture(request)
+        runtime = await self._dataset(request.dataset, self._wait_s)
+        queue = self._queue(runtime, request.split or "train")
+        weights = None if request.reset else dict(request.weights)
+        position = request.position_seq if request.HasField("position_seq") else None
+        at = queue.set_mixture(weights, position, request.rank)
+        return pb.SetMixtureResponse(effective_seq=at)
 
     @_translate
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:

@@ -21,9 +21,19 @@ from queue_client import errors
 from queue_client.layout import DatasetLayout, reason_file
 from queue_server.background import BackgroundTasks
 from queue_server.config import DatasetConfig
-from queue_server.journal import AlphaChange, Consumed, Journal, JournalLost, Quarantined
+from queue_server.journal import (
+    AlphaChange,
+    Consumed,
+    Journal,
+    JournalLost,
+    MixtureChange,
+    Quarantined,
+)
 from queue_server.journal_keeper import JournalKeeper
 from queue_server.leases import Lease, LeaseDirectory, LeaseTable, ReleaseOutcome
+from queue_server.mixture import changes as mixture_changes
+from queue_server.mixture.config import is_mixture
+from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProductionBackend, WorkerPlace
 from queue_server.production.producer import Production
 from queue_server.reconcile import reconcile
@@ -100,6 +110,10 @@ class SplitQueue:
         self.changed = Signal()
         # SetCurriculum calls, in call order: (first seq, alpha or None for "the schedule").
         self.alpha_overrides: list[tuple[int, float | None]] = []
+        # A mixture's SetMixture calls, in call order: (first seq, weights or None).
+        self.mixture = is_mixture(config.provider) and not candidates
+        self.mixture_changes: list[tuple[int, dict[str, float] | None]] = []
+        self.mixture_view: MixtureView | None = None  # set by the dataset, from its meta
         self.production = Production(
             self.where,
             split,
@@ -112,7 +126,9 @@ class SplitQueue:
             self.changed,
             max_restarts=config.max_worker_restarts,
             on_fatal=on_fatal,
-            job_overrides=lambda: tuple(self.alpha_overrides),
+            job_overrides=lambda: tuple(
+                self.mixture_changes if self.mixture else self.alpha_overrides  # type: ignore[arg-type]
+            ),
             on_unavailable=lambda reason: on_unavailable("production", reason),
             verbose=verbose,
             # A composer cannot make a served file without serving it.
@@ -165,7 +181,9 @@ class SplitQueue:
             self.schedule.last_consumed = dict(summary.last_consumed)
         elif journaled == self.served.world_size:  # a fixed world: positions in another lapse
             self.schedule.last_consumed = dict(summary.last_consumed)
-        self.alpha_overrides = [(c.at, c.alpha) for c in summary.alpha_changes]
+        changes = summary.alpha_changes
+        self.alpha_overrides = [(c.at, c.alpha) for c in changes if isinstance(c, AlphaChange)]
+        self.mixture_changes = [(c.at, c.weights) for c in changes if isinstance(c, MixtureChange)]
         self.production.resume(summary.last_forward)
         await self.production.start()
         self._tasks.spawn(self._reap_leases())
@@ -322,7 +340,7 @@ class SplitQueue:
         self.changed.notify()
         self.production.kick()
 
-    def _journal(self, record: Consumed | Quarantined | AlphaChange) -> None:
+    def _journal(self, record: Consumed | Quarantined | AlphaChange | MixtureChange) -> None:
         """Journal first, memory after: a record that cannot be written changes nothing."""
         try:
             self.keeper.append(record)
@@ -401,6 +419,16 @@ class SplitQueue:
             "%s: alpha %s from seq %d on", self.where, "schedule" if alpha is None else alpha, at
         )
         return at
+
+    def set_mixture(self, weights: dict[str, float] | None, position: int | None, rank: int) -> int:
+        """SetMixture (queue_server/mixture/changes.py); returns the first seq it applies to."""
+        return mixture_changes.set_mixture(self, weights, position, rank)
+
+    def mixture_stats(self) -> dict | None:
+        if self.mixture_view is None:
+            return None
+        consumed = self.state.counters.consumed_files
+        return self.mixture_view.stats(self.mixture_changes, consumed)
 
     # ---- stats ----------------------------------------------------------------------------
     def snapshot(self) -> SplitSnapshot:

@@ -48,6 +48,7 @@ class SplitSnapshot:
     worker_backoff_s: float = 0.0
     last_worker_error: str = ""
     curriculum: dict[str, Any] | None = None
+    mixture: dict[str, Any] | None = None
     seqs_produced: int = 0
     seqs_consumed: int = 0
     seqs_quarantined: int = 0
@@ -124,6 +125,7 @@ def snapshot(queue: SplitQueue) -> SplitSnapshot:
         worker_backoff_s=state.worker_backoff_s,
         last_worker_error=state.last_error,
         curriculum=curriculum,
+        mixture=queue.mixture_stats(),
         warnings=warnings,
         **state.accounting(),
     )

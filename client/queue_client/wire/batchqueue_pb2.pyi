@@ -117,7 +117,7 @@ class RankStats(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., last_consumed_seq: _Optional[int] = ..., files_leased: _Optional[int] = ..., lag_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., duplicate_clients: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SplitStats(_message.Message):
-    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing", "curriculum", "journal_error", "worker_backoff_s", "last_worker_error", "tokens_per_s", "batches_per_s", "rate_window_s", "tokens_served", "tokens_per_file", "epochs", "epoch_eta_s", "worker_rss_bytes", "warnings", "workers")
+    __slots__ = ("split", "produced_files", "consumed_files", "quarantined_files", "ready_files", "leased_files", "leases_expired", "produced_bytes", "worker_restarts", "max_backlog_files", "world_size", "next_seq", "ranks", "reproduced_files", "worker_pids", "disk_errors", "last_disk_error", "seqs_produced", "seqs_consumed", "seqs_quarantined", "seqs_missing", "curriculum", "mixture", "journal_error", "worker_backoff_s", "last_worker_error", "tokens_per_s", "batches_per_s", "rate_window_s", "tokens_served", "tokens_per_file", "epochs", "epoch_eta_s", "worker_rss_bytes", "warnings", "workers")
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     PRODUCED_FILES_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class SplitStats(_message.Message):
     SEQS_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     SEQS_MISSING_FIELD_NUMBER: _ClassVar[int]
     CURRICULUM_FIELD_NUMBER: _ClassVar[int]
+    MIXTURE_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_ERROR_FIELD_NUMBER: _ClassVar[int]
     WORKER_BACKOFF_S_FIELD_NUMBER: _ClassVar[int]
     LAST_WORKER_ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +176,7 @@ class SplitStats(_message.Message):
     seqs_quarantined: int
     seqs_missing: int
     curriculum: CurriculumStats
+    mixture: MixtureStats
     journal_error: str
     worker_backoff_s: float
     last_worker_error: str
@@ -188,7 +190,7 @@ class SplitStats(_message.Message):
     worker_rss_bytes: _containers.RepeatedScalarFieldContainer[int]
     warnings: _containers.RepeatedScalarFieldContainer[str]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerPlacement]
-    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ..., curriculum: _Optional[_Union[CurriculumStats, _Mapping]] = ..., journal_error: _Optional[str] = ..., worker_backoff_s: _Optional[float] = ..., last_worker_error: _Optional[str] = ..., tokens_per_s: _Optional[float] = ..., batches_per_s: _Optional[float] = ..., rate_window_s: _Optional[float] = ..., tokens_served: _Optional[int] = ..., tokens_per_file: _Optional[int] = ..., epochs: _Optional[float] = ..., epoch_eta_s: _Optional[float] = ..., worker_rss_bytes: _Optional[_Iterable[int]] = ..., warnings: _Optional[_Iterable[str]] = ..., workers: _Optional[_Iterable[_Union[WorkerPlacement, _Mapping]]] = ...) -> None: ...
+    def __init__(self, split: _Optional[str] = ..., produced_files: _Optional[int] = ..., consumed_files: _Optional[int] = ..., quarantined_files: _Optional[int] = ..., ready_files: _Optional[int] = ..., leased_files: _Optional[int] = ..., leases_expired: _Optional[int] = ..., produced_bytes: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., max_backlog_files: _Optional[int] = ..., world_size: _Optional[int] = ..., next_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankStats, _Mapping]]] = ..., reproduced_files: _Optional[int] = ..., worker_pids: _Optional[_Iterable[int]] = ..., disk_errors: _Optional[int] = ..., last_disk_error: _Optional[str] = ..., seqs_produced: _Optional[int] = ..., seqs_consumed: _Optional[int] = ..., seqs_quarantined: _Optional[int] = ..., seqs_missing: _Optional[int] = ..., curriculum: _Optional[_Union[CurriculumStats, _Mapping]] = ..., mixture: _Optional[_Union[MixtureStats, _Mapping]] = ..., journal_error: _Optional[str] = ..., worker_backoff_s: _Optional[float] = ..., last_worker_error: _Optional[str] = ..., tokens_per_s: _Optional[float] = ..., batches_per_s: _Optional[float] = ..., rate_window_s: _Optional[float] = ..., tokens_served: _Optional[int] = ..., tokens_per_file: _Optional[int] = ..., epochs: _Optional[float] = ..., epoch_eta_s: _Optional[float] = ..., worker_rss_bytes: _Optional[_Iterable[int]] = ..., warnings: _Optional[_Iterable[str]] = ..., workers: _Optional[_Iterable[_Union[WorkerPlacement, _Mapping]]] = ...) -> None: ...
 
 class WorkerPlacement(_message.Message):
     __slots__ = ("role", "index", "backend", "pid", "node_id", "restarts", "rss_bytes")
@@ -247,6 +249,81 @@ class SetCurriculumResponse(_message.Message):
     EFFECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
     effective_seq: int
     def __init__(self, effective_seq: _Optional[int] = ...) -> None: ...
+
+class SetMixtureRequest(_message.Message):
+    __slots__ = ("dataset", "split", "weights", "reset", "position_seq", "rank")
+    class WeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    POSITION_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    split: str
+    weights: _containers.ScalarMap[str, float]
+    reset: bool
+    position_seq: int
+    rank: int
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., weights: _Optional[_Mapping[str, float]] = ..., reset: _Optional[bool] = ..., position_seq: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class SetMixtureResponse(_message.Message):
+    __slots__ = ("effective_seq",)
+    EFFECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    effective_seq: int
+    def __init__(self, effective_seq: _Optional[int] = ...) -> None: ...
+
+class MixtureSourceStats(_message.Message):
+    __slots__ = ("name", "index", "weight", "rows_served", "tokens_served", "share", "target_share", "window_share", "window_target_share", "epochs")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ROWS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SHARE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SHARE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_TARGET_SHARE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    index: int
+    weight: float
+    rows_served: int
+    tokens_served: int
+    share: float
+    target_share: float
+    window_share: float
+    window_target_share: float
+    epochs: float
+    def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ..., weight: _Optional[float] = ..., rows_served: _Optional[int] = ..., tokens_served: _Optional[int] = ..., share: _Optional[float] = ..., target_share: _Optional[float] = ..., window_share: _Optional[float] = ..., window_target_share: _Optional[float] = ..., epochs: _Optional[float] = ...) -> None: ...
+
+class MixtureWeightChange(_message.Message):
+    __slots__ = ("effective_seq", "origin", "weights")
+    EFFECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    effective_seq: int
+    origin: str
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, effective_seq: _Optional[int] = ..., origin: _Optional[str] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class MixtureStats(_message.Message):
+    __slots__ = ("sources", "rows_served", "window_rows", "history")
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_ROWS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    sources: _containers.RepeatedCompositeFieldContainer[MixtureSourceStats]
+    rows_served: int
+    window_rows: int
+    history: _containers.RepeatedCompositeFieldContainer[MixtureWeightChange]
+    def __init__(self, sources: _Optional[_Iterable[_Union[MixtureSourceStats, _Mapping]]] = ..., rows_served: _Optional[int] = ..., window_rows: _Optional[int] = ..., history: _Optional[_Iterable[_Union[MixtureWeightChange, _Mapping]]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("dataset", "state", "last_error", "splits")

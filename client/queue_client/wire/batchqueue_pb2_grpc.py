@@ -84,6 +84,11 @@ class BatchQueueStub:
                 request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.FetchFileRequest.SerializeToString,
                 response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.FileChunk.FromString,
                 _registered_method=True)
+        self.SetMixture = channel.unary_unary(
+                '/batchqueue.v1.BatchQueue/SetMixture',
+                request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureRequest.SerializeToString,
+                response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureResponse.FromString,
+                _registered_method=True)
 
 
 class BatchQueueServicer:
@@ -174,6 +179,20 @@ class BatchQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetMixture(self, request, context):
+        """Changes the source weights of a split of a mixture dataset (one with sources tables),
+        from effective_seq on (see docs/mixtures.md): every row from effective_seq * rows per
+        file on is drawn by the new weights, the realised counts tracking the cumulative target,
+        and every source continuing its own stream where it stopped. The call is
+        journaled before it is answered, so it survives a server crash. INVALID_ARGUMENT naming
+        them for unknown source names, negative or NaN weights, all weights zero, or a dataset
+        without sources; NOT_FOUND for an unknown dataset or split. Not idempotent: each call is
+        journaled (a retry of the same weights at the same position lands on the same seq).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BatchQueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -226,6 +245,11 @@ def add_BatchQueueServicer_to_server(servicer, server):
                     servicer.FetchFile,
                     request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.FetchFileRequest.FromString,
                     response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.FileChunk.SerializeToString,
+            ),
+            'SetMixture': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMixture,
+                    request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureRequest.FromString,
+                    response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -498,6 +522,33 @@ class BatchQueue:
             '/batchqueue.v1.BatchQueue/FetchFile',
             queue__client_dot_wire_dot_batchqueue__pb2.FetchFileRequest.SerializeToString,
             queue__client_dot_wire_dot_batchqueue__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMixture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchqueue.v1.BatchQueue/SetMixture',
+            queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureRequest.SerializeToString,
+            queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -70,6 +70,8 @@ class ProcessPoolBackend(ProductionBackend):
             request["into"] = "candidates"
         if not job.publish:
             request["publish"] = False
+        if job.overrides:  # a mixture's SetMixture calls (queue_server/mixture)
+            request["overrides"] = [list(o) for o in job.overrides]
         try:
             reply = await worker.call(request)
         except WorkerError as exc:

@@ -30,3 +30,9 @@ def provider_context(init: Mapping[str, Any]) -> ProviderContext:
 def build_provider(init: Mapping[str, Any]) -> DataProviderBase:
     """The provider an init request names, with its args."""
     return create(init["provider"], provider_context(init), init.get("args", {}))
+
+
+def set_weight_changes(provider: DataProviderBase, split: str, changes: Any) -> None:
+    """A mixture's journaled SetMixture calls, sent with each produce; others have none."""
+    if hasattr(provider, "set_weight_changes"):
+        provider.set_weight_changes(split, changes or ())

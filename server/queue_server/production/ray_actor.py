@@ -22,7 +22,7 @@ from typing import Any
 
 from queue_client.meta import meta_from_json
 from queue_providers import DataProviderBase
-from queue_server.production.provider_init import build_provider
+from queue_server.production.provider_init import build_provider, set_weight_changes
 
 
 @dataclass(frozen=True)
@@ -81,11 +81,19 @@ class ProviderActor:
         except Exception as exc:  # reported to the server, which decides to retry or fail
             return self._failed(exc)
 
-    def produce(self, split: str, seq: int, state: Mapping[str, Any] | None) -> Made | Failed:
+    def produce(
+        self,
+        split: str,
+        seq: int,
+        state: Mapping[str, Any] | None,
+        overrides: list[Any] | None = None,
+    ) -> Made | Failed:
         """Make file `seq`: from the forward stream, or from a journaled `state`, after which
-        the forward stream is restored, so re-making an old seq never disturbs the next one."""
+        the forward stream is restored, so re-making an old seq never disturbs the next one.
+        `overrides`: a mixture's SetMixture calls."""
         try:
             provider = self._built()
+            set_weight_changes(provider, split, overrides)
             forward = None
             if state is not None:
                 forward = provider.state_dict(split)

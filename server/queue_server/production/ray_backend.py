@@ -151,7 +151,8 @@ class RayBackend(ProductionBackend):
         if current is None or not current.incarnation:
             raise SlotDied(f"{self._label}: slot {slot} is not started")
         try:
-            ref = current.actor.produce.remote(job.split, job.seq, job.state)
+            overrides = [list(o) for o in job.overrides]  # a mixture's SetMixture calls
+            ref = current.actor.produce.remote(job.split, job.seq, job.state, overrides)
         except Exception as exc:  # a handle of an older join: another split joined again
             raise SlotDied(f"{self._label}: slot {slot}'s actor is unreachable: {exc}") from exc
         reply = await self._call(slot, ref)

@@ -47,7 +47,7 @@ from queue_providers import DataProviderBase
 from queue_providers.inputs import check_inputs, describe_inputs
 from queue_server.logs import configure_logging
 from queue_server.production.preparation import Preparation, input_bytes
-from queue_server.production.provider_init import build_provider
+from queue_server.production.provider_init import build_provider, set_weight_changes
 from queue_server.production.replies import produced_reply
 
 
@@ -217,6 +217,7 @@ def _produce(
     provider: DataProviderBase, layout: DatasetLayout, req: dict[str, Any]
 ) -> dict[str, Any]:
     split, seq, state = req["split"], req["seq"], req.get("state")
+    set_weight_changes(provider, split, req.get("overrides"))
     forward = None
     if state is not None:
         forward = provider.state_dict(split)

@@ -1,0 +1,166 @@
+"""MixtureProvider: file seq s holds rows [s*R, (s+1)*R) of the split's row stream, each
+drawn from the source the row schedule (queue_client/mixture.py) assigns to it.
+
+The weights in force at each seq come from the config (weights, then `mixture_schedule`
+points over served tokens) and from SetMixture calls, which the server journals and sends
+with every produce (set_weight_changes). A file is a pure function of (config, seed, split,
+seq, the calls whose seq is <= s): any worker, process or machine makes the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from queue_client.batchfile import EncodedBatchFile, encode_batch_file
+from queue_client.errors import ConfigError, MetaError
+from queue_client.meta import split_schema
+from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
+from queue_client.schema import check_tensors
+from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.mixture.sources import (
+    SourceRows,
+    build_sources,
+    check_same_schema,
+    source_meta,
+)
+from queue_providers.token_ids import check_ids
+
+SOURCE_FIELD = "source"
+
+
+def source_field() -> dict[str, Any]:
+    return {
+        "name": SOURCE_FIELD,
+        "dtype": "int64",
+        "shape": [],
+        "role": "",
+        "stored_dtype": "uint8",
+    }
+
+
+class MixtureProvider(DataProviderBase):
+    def __init__(
+        self,
+        context: ProviderContext,
+        *,
+        sources: Sequence[Mapping[str, Any]],
+        schedule: Sequence[Sequence[Any]] = (),
+        schedule_unit: str = "tokens",
+    ) -> None:
+        super().__init__(context)
+        if not sources or len(sources) > 255:
+            raise ConfigError(f"datasets.{context.dataset_name}: a mixture needs 1 to 255 sources")
+        self.names = [str(s["name"]) for s in sources]
+        self.weights = [float(s["weight"]) for s in sources]
+        self.schedule = [(float(x), [float(w) for w in ws]) for x, ws in schedule]
+        self.schedule_unit = schedule_unit
+        self._providers = build_sources(context, sources)
+        self._rows = [SourceRows(p) for p in self._providers]
+        self._changes: dict[str, list] = {}
+        self._schedules = ScheduleCache()
+        self._tokens_per_row = 1
+
+    @property
+    def rows_per_file(self) -> int:
+        return self.batch_size * self.context.batches_per_file
+
+    # ---- meta ---------------------------------------------------------------------------
+    def input_files(self):  # type: ignore[no-untyped-def]
+        return [f for p in self._providers for f in p.input_files()]
+
+    def build_meta(self) -> dict[str, Any]:
+        where = f"datasets.{self.context.dataset_name}.sources"
+        metas = [source_meta(p, self.context) for p in self._providers]
+        check_same_schema(self.names, metas, where)
+        meta = {k: v for k, v in metas[0].items() if k not in ("source", "batch_format_version")}
+        for name in ("batch_size", "batches_per_file", "dataset_name"):
+            meta.pop(name, None)
+        if any(
+            f.name == SOURCE_FIELD for f in split_schema(metas[0], next(iter(meta["split_info"])))
+        ):
+            raise ConfigError(f"{where}: the sources' batches have a field named {SOURCE_FIELD!r}")
+        meta["batch_schema"] = [*metas[0]["batch_schema"], source_field()]
+        meta["split_info"] = {}
+        for split, info in metas[0]["split_info"].items():
+            info = dict(info) if isinstance(info, dict) else {}
+            if "batch_schema" in info:
+                info["batch_schema"] = [*info["batch_schema"], source_field()]
+            meta["split_info"][split] = info
+        meta["mixture"] = {
+            "sources": list(self.names),
+            "weights": list(self.weights),
+            "source_field": SOURCE_FIELD,
+            "source_meta": metas,
+        }
+        return meta
+
+    def set_meta(self, meta: Mapping[str, Any]) -> None:
+        super().set_meta(meta)
+        for provider, sub in zip(self._providers, meta["mixture"]["source_meta"], strict=True):
+            provider.set_meta(sub)
+        block = meta.get("block_size")
+        self._tokens_per_row = block if isinstance(block, int) and block > 0 else 1
+
+    # ---- weights ------------------------------------------------------------------------
+    @property
+    def plan(self) -> WeightPlan:
+        return WeightPlan(
+            tuple(self.names),
+            tuple(self.weights),
+            tuple((int(x), tuple(w)) for x, w in self.schedule),
+            self.rows_per_file,
+            self._tokens_per_row,
+        )
+
+    def set_weight_changes(self, split: str, changes: Sequence[Sequence[Any]]) -> None:
+        """The journaled SetMixture calls of `split`, in call order: [first seq, {name: weight}
+        or None for "back to the config"]."""
+        self._changes[split] = self.plan.by_name([(int(at), w) for at, w in changes])
+
+    def row_schedule(self, split: str) -> RowSchedule:
+        return self._schedules.get(self.plan.segments(self._changes.get(split, [])))
+
+    # ---- files --------------------------------------------------------------------------
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        raise NotImplementedError("a mixture makes whole files (make_file), not single batches")
+
+    def make_file(self, split: str, seq: int) -> EncodedBatchFile:
+        schema = self._schemas.get(split)
+        if schema is None:
+            raise MetaError(f"split {split!r} is not in meta split_info {sorted(self._schemas)}")
+        per_file, k, b = self.rows_per_file, self.context.batches_per_file, self.batch_size
+        schedule = self.row_schedule(split)
+        first = seq * per_file
+        picks = torch.tensor(schedule.sources_of(first, first + per_file), dtype=torch.int64)
+        before = schedule.counts(first)
+        tensors: dict[str, torch.Tensor] = {}
+        for s, rows in enumerate(self._rows):
+            where = (picks == s).nonzero().flatten()
+            if where.numel() == 0:
+                continue
+            got = rows.rows(split, before[s], before[s] + where.numel(), per_file)
+            for name, values in got.items():
+                out = tensors.get(name)
+                if out is None:
+                    out = tensors[name] = torch.empty(
+                        (per_file, *values.shape[1:]), dtype=values.dtype
+                    )
+                out[where] = values
+        tensors = {n: v.reshape(k, b, *v.shape[1:]) for n, v in tensors.items()}
+        tensors[SOURCE_FIELD] = picks.reshape(k, b)
+        tensors = {f.name: tensors[f.name] for f in schema}
+        for i in range(k):
+            check_tensors(schema, {n: v[i] for n, v in tensors.items()}, (b,))
+        check_ids(tensors, self._id_ranges.get(split, ()), where=f"split {split!r} seq {seq}")
+        metadata = {
+            "dataset": self.context.dataset_name,
+            "split": split,
+            "batch_size": b,
+            "schema": [f.to_dict() for f in schema],
+        }
+        version = self.format_version
+        stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
+        return encode_batch_file(seq=seq, tensors=stored, metadata=metadata, version=version)

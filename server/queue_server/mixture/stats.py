@@ -1,0 +1,91 @@
+"""A mixture split's stats: each source's rows, tokens, realised share against its target
+(since the start and over a recent window), epochs, and the weight history.
+
+Served rows are those of the first consumed_files files of the split (ranks read in step,
+so this is the served prefix to within a round of files). Counts come from the same row
+schedule the workers compose with, read in closed form: no simulation from row 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from queue_client.mixture import DENOMINATOR, ScheduleCache, WeightPlan
+
+# Rows of the recent window of window_share.
+WINDOW_ROWS = DENOMINATOR
+
+
+class MixtureView:
+    """What the server knows of one mixture split from its config and meta."""
+
+    def __init__(self, args: Mapping[str, Any], meta: Mapping[str, Any], split: str) -> None:
+        sources = list(args["sources"])
+        self.names = tuple(s["name"] for s in sources)
+        block = meta.get("block_size")
+        self.tokens_per_row = block if isinstance(block, int) and block > 0 else 1
+        self.plan = WeightPlan(
+            self.names,
+            tuple(float(s["weight"]) for s in sources),
+            tuple((int(x), tuple(w)) for x, w in args.get("schedule", ())),
+            int(meta["batch_size"]) * int(meta.get("batches_per_file", 1)),
+            self.tokens_per_row,
+        )
+        # Each source's split size in tokens, where its meta gives one (for epochs).
+        self.epoch_tokens: list[int | None] = []
+        for sub in meta.get("mixture", {}).get("source_meta", ()):
+            info = sub.get("split_info", {}).get(split, {})
+            tokens = info.get("tokens") if isinstance(info, dict) else None
+            self.epoch_tokens.append(tokens if isinstance(tokens, int) and tokens > 0 else None)
+        self._cache = ScheduleCache(4)
+
+    def history(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> list[dict]:
+        """The config's weights, its schedule points, then every call: weights in names order."""
+        out = [{"effective_seq": 0, "origin": "config", "weights": list(self.plan.weights)}]
+        for seq, (_, weights) in zip(self.plan.point_seqs(), self.plan.schedule, strict=True):
+            out.append({"effective_seq": seq, "origin": "schedule", "weights": list(weights)})
+        for at, weights in changes:
+            origin = "SetMixture" if weights is not None else "reset"
+            values = [float(weights.get(n, 0.0)) for n in self.names] if weights else []
+            out.append({"effective_seq": at, "origin": origin, "weights": values})
+        return out
+
+    def stats(
+        self, changes: Sequence[tuple[int, Mapping[str, float] | None]], consumed_files: int
+    ) -> dict[str, Any]:
+        by_name = self.plan.by_name(changes)
+        schedule = self._cache.get(self.plan.segments(by_name))
+        rows = consumed_files * self.plan.rows_per_file
+        start = max(0, rows - WINDOW_ROWS)
+        counts, targets = schedule.counts(rows), schedule.targets(rows)
+        before, targets_before = schedule.counts(start), schedule.targets(start)
+        weights = self.plan.weights_at(consumed_files, by_name)
+        total = sum(weights) or 1.0
+        window = rows - start
+        sources = []
+        for i, name in enumerate(self.names):
+            tokens = counts[i] * self.tokens_per_row
+            epoch = self.epoch_tokens[i] if i < len(self.epoch_tokens) else None
+            sources.append(
+                {
+                    "name": name,
+                    "index": i,
+                    "weight": weights[i] / total,
+                    "rows_served": counts[i],
+                    "tokens_served": tokens,
+                    "share": counts[i] / rows if rows else 0.0,
+                    "target_share": targets[i] / rows if rows else 0.0,
+                    "window_share": (counts[i] - before[i]) / window if window else 0.0,
+                    "window_target_share": (targets[i] - targets_before[i]) / window
+                    if window
+                    else 0.0,
+                    "epochs": tokens / epoch if epoch else None,
+                }
+            )
+        return {
+            "sources": sources,
+            "rows_served": rows,
+            "window_rows": window,
+            "history": self.history(changes),
+        }

@@ -1,0 +1,96 @@
+"""A mixture's config and sources, checked without a server: every mistake a user can make is
+refused with a message naming the key, the source or the fields."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from queue_client.errors import ConfigError
+from queue_providers.base import ProviderContext
+from queue_providers.mixture import MixtureProvider
+from queue_server.config import parse_config, tomllib
+
+
+def parse(text: str, tmp: Path):
+    return parse_config(tomllib.loads(textwrap.dedent(text)), config_dir=tmp)
+
+
+def nanogpt_dir(tmp: Path, name: str, vocab: int = 300) -> Path:
+    d = tmp / name
+    d.mkdir(exist_ok=True)
+    for split in ("train", "val"):
+        np.arange(0, 200, dtype=np.uint16).tofile(d / f"{split}.bin")
+    return d
+
+
+BASE = """
+[datasets.mix]
+batch_size = 2
+{extra}
+[datasets.mix.sources.a]
+provider = "char_lm"
+weight = {a}
+[datasets.mix.sources.b]
+provider = "char_lm"
+"""
+
+
+def test_sources_become_the_mixture_provider_in_table_order(tmp_path: Path) -> None:
+    config = parse(BASE.format(extra="", a=0.25), tmp_path).datasets[0]
+    assert config.provider == "mixture"
+    assert [(s["name"], s["weight"]) for s in config.args["sources"]] == [("a", 0.25), ("b", 1.0)]
+
+
+@pytest.mark.parametrize(
+    ("extra", "a", "match"),
+    [
+        ('provider = "char_lm"', 1, r"datasets\.mix\.provider: a dataset with sources"),
+        ('selection = "curriculum"', 1, "curriculum selection does not work with a mixture"),
+        ("", -1, r"weight\(s\) \{'a': -1\}"),
+        ("", "nan", r"'a': nan"),
+        ("", 0, "are all zero: one must be > 0"),
+        ("mixture_schedule = [[10, { c = 1.0 }]]", 1, r"unknown source\(s\) \['c'\]"),
+        ("mixture_schedule = [[10, { a = 1.0 }], [5, { b = 1.0 }]]", 1, "must increase"),
+        ('mixture_schedule_unit = "step"', 1, r"mixture_schedule_unit = 'step' is invalid"),
+        ('provider = "mixture"', 1, r"datasets\.mix\.provider = \"mixture\": write the sources"),
+    ],
+)
+def test_config_mistakes_name_the_key(tmp_path: Path, extra: str, a: object, match: str) -> None:
+    text = BASE.format(extra=extra, a=a)
+    if a == 0:
+        text += "weight = 0\n"  # source b's too: all zero
+    with pytest.raises(ConfigError, match=match):
+        parse(text, tmp_path)
+
+
+def test_a_streaming_source_is_refused_saying_why(tmp_path: Path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("hello world\n\n" * 50, encoding="utf-8")
+    context = ProviderContext("mix", tmp_path / "mix", batch_size=2, batches_per_file=2)
+    sources = [
+        {"name": "web", "provider": "text_lm", "weight": 1.0,
+         "args": {"source": str(text), "seq_len": 16, "micro_batch_size": 2}},
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"sources\.web: provider 'text_lm' streams.*nanogpt_bin"):
+        MixtureProvider(context, sources=sources)
+
+
+def test_sources_of_different_batches_are_refused_naming_the_difference(tmp_path: Path) -> None:
+    context = ProviderContext("mix", tmp_path / "mix", batch_size=2, batches_per_file=2)
+    d = nanogpt_dir(tmp_path, "d")
+
+    def source(name: str, block: int, vocab: int = 300) -> dict:
+        args = {"data_dir": str(d), "block_size": block, "vocab_size": vocab}
+        return {"name": name, "provider": "nanogpt_bin", "weight": 1.0, "args": args}
+
+    with pytest.raises(ConfigError, match=r"sources 'a' and 'b' differ in \['block_size'\]"):
+        MixtureProvider(context, sources=[source("a", 8), source("b", 16)]).build_meta()
+    with pytest.raises(ConfigError, match=r"'a' and 'c' differ in \['vocab_size'\]"):
+        MixtureProvider(context, sources=[source("a", 8), source("c", 8, 70000)]).build_meta()
+    meta = MixtureProvider(context, sources=[source("a", 8), source("b", 8)]).build_meta()
+    assert [f["name"] for f in meta["batch_schema"]] == ["x", "y", "source"]
+    assert meta["mixture"]["sources"] == ["a", "b"]
