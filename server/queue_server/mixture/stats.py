@@ -43,11 +43,11 @@ class MixtureView:
     def history(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> list[dict]:
         """The config's weights, its schedule points, then every call: weights in names order."""
         out = [{"effective_seq": 0, "origin": "config", "weights": list(self.plan.weights)}]
-        for seq, (_, weights) in zip(self.plan.point_seqs(), self.plan.schedule, strict=True):
-            out.append({"effective_seq": seq, "origin": "schedule", "weights": list(weights)})
-        for at, weights in changes:
-            origin = "SetMixture" if weights is not None else "reset"
-            values = [float(weights.get(n, 0.0)) for n in self.names] if weights else []
+        for seq, (_, point) in zip(self.plan.point_seqs(), self.plan.schedule, strict=True):
+            out.append({"effective_seq": seq, "origin": "schedule", "weights": list(point)})
+        for at, called in changes:
+            origin = "SetMixture" if called is not None else "reset"
+            values = [float(called.get(n, 0.0)) for n in self.names] if called else []
             out.append({"effective_seq": at, "origin": origin, "weights": values})
         return out
 
