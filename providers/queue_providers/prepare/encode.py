@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import multiprocessing.connection
 import os
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -84,8 +86,23 @@ class _Encoder:
 _worker: _Encoder | None = None
 
 
+def _exit_with_parent() -> None:
+    """End this worker when the main process is gone (killed, say): the pool's queues stay
+    open in the workers themselves, so a blocked worker would otherwise never notice."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _init_worker(corpus: CorpusSpec, tokenizer: TokenizerSpec, dtype: str, digest: str) -> None:
     global _worker
+    _exit_with_parent()
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     files = corpus.open().files
     if corpus_digest(files) != digest:

@@ -27,6 +27,7 @@ from queue_providers.prepare.sharder import ResumePoint, Sharder
 from queue_providers.prepare.state import (
     check_same,
     finished_shards,
+    locked,
     open_output,
     write_manifest,
     write_progress,
@@ -74,6 +75,11 @@ class PrepareResult:
 
 def prepare(opts: PrepareOptions) -> PrepareResult:
     """Prepare (or finish preparing) the corpus into opts.out; see the module docstring."""
+    with locked(opts.out):
+        return _prepare(opts)
+
+
+def _prepare(opts: PrepareOptions) -> PrepareResult:
     out = opts.out
     recorded = open_output(out, opts.overwrite)
     corpus_spec = dataclasses.replace(opts.corpus, cache_dir=out / INPUT_CACHE_DIR)
@@ -118,7 +124,6 @@ def prepare(opts: PrepareOptions) -> PrepareResult:
         if done.complete:
             return PrepareResult(recorded, len(done.shards), 0.0)
     else:
-        out.mkdir(parents=True, exist_ok=True)
         done = finished_shards(out, {})
     shards = list(done.shards)
     write_progress(out, identity, shards)  # marks the folder ours before any shard exists

@@ -12,12 +12,17 @@ A dir holding anything else is never written to.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError
+from queue_client.layout import is_temp_name, remove_temp_files
 from queue_providers.inputs import input_changes
 from queue_providers.prepare.layout import (
     FORMAT,
@@ -51,27 +56,48 @@ class Done:
         return self.shards[-1][1] if self.shards else START
 
 
+@contextlib.contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """Hold an flock on the output folder (made if missing) while a run writes it, so two
+    runs never write one folder, and a temp file found there is a dead run's leftover."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"another queue-prepare is writing {str(out)!r} now: wait for it to end, or "
+                "choose another --out"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the flock
+
+
 def open_output(out: Path, overwrite: bool) -> dict[str, Any] | None:
     """The recorded manifest or progress of `out` (None: a fresh dir). Refuses a dir that
     holds files that are not ours; with `overwrite`, deletes ours and returns None."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
     entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     recorded = read_json(out / MANIFEST_FILE) or read_json(out / PROGRESS_FILE)
-    if recorded is None and entries:
+    # Only a killed run's temp files may be there without a record: the record comes first.
+    if recorded is None and not all(is_temp_name(name) for name in entries):
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise ConfigError(
             f"--out {str(out)!r} is not empty ({shown}) and holds no prepared corpus (no "
             f"{MANIFEST_FILE} or {PROGRESS_FILE}): choose an empty or new folder"
         )
+    remove_temp_files(out)  # a killed run's half-written files; ours, as the lock is ours
     if recorded is not None and overwrite:
         for name in entries:
             if is_ours(name):
                 path = out / name
                 if path.is_dir():
-                    shutil.rmtree(path)
+                    shutil.rmtree(path, ignore_errors=True)
                 else:
-                    path.unlink()
+                    path.unlink(missing_ok=True)
         return None
     return recorded
 
