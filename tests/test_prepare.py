@@ -77,6 +77,14 @@ def run_prepare(cmd: list[str], ok: bool = True) -> subprocess.CompletedProcess[
     return proc
 
 
+def recorded_shards(out: Path) -> int:
+    """How many shards the progress record of a running prepare lists (0 before it exists)."""
+    try:
+        return len(json.loads((out / PROGRESS_FILE).read_text())["shards"])
+    except FileNotFoundError:
+        return 0
+
+
 def files_of(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
@@ -172,7 +180,9 @@ def test_a_run_killed_midway_resumes_to_the_same_shards(
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + DEADLINE_S
-        while not (out / "shard-000000.npy").exists():
+        # Killed once the first shard is written and recorded, so the next run must go on
+        # from a resume point inside the corpus, not start over.
+        while not (out / "shard-000000.npy").exists() or not recorded_shards(out):
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             assert time.monotonic() < deadline, "no shard was written in time"
             time.sleep(0.005)
@@ -191,11 +201,11 @@ def test_a_run_killed_midway_resumes_to_the_same_shards(
         assert time.monotonic() < deadline, "the worker processes outlived the killed run"
         time.sleep(0.05)
     assert not (out / MANIFEST_FILE).exists(), "the run finished before it was killed"
-    kept = len(json.loads((out / PROGRESS_FILE).read_text())["shards"])
+    kept = recorded_shards(out)
+    assert (out / "shard-000000.npy").exists() and kept >= 1
 
     again = run_prepare(cmd)
-    if kept:
-        assert f"{kept} shard(s) kept from an earlier run" in again.stdout
+    assert f"{kept} shard(s) kept from an earlier run" in again.stdout
     assert files_of(out) == files_of(reference)
 
 
