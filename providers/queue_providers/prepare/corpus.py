@@ -25,7 +25,7 @@ from queue_providers.text.readers import ReadOptions, iter_docs
 
 # A piece: enough text that handing it to a worker costs nothing next to tokenizing it, few
 # enough bytes that a resume redoes little and the pieces in flight stay small in memory.
-MIN_PIECE_BYTES = 4 << 10
+MIN_PIECE_BYTES = 64 << 10
 MAX_PIECE_BYTES = 4 << 20
 PIECES_WANTED = 256
 
