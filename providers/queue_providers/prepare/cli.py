@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m = result.manifest
     how = (
         "already complete, verified"
-        if result.tokens_per_s == 0
+        if result.already_complete
         else f"{result.tokens_per_s / 1e6:.2f} M tokens/s"
         + (
             f", {result.resumed_shards} shard(s) kept from an earlier run"

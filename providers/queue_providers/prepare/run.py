@@ -70,7 +70,8 @@ class PrepareOptions:
 class PrepareResult:
     manifest: dict[str, Any]
     resumed_shards: int  # shards a previous run had finished (verified, not redone)
-    tokens_per_s: float  # this run's rate, 0 when there was nothing left to do
+    tokens_per_s: float  # this run's rate
+    already_complete: bool = False  # the folder held the finished corpus: only checked
 
 
 def prepare(opts: PrepareOptions) -> PrepareResult:
@@ -122,7 +123,7 @@ def _prepare(opts: PrepareOptions) -> PrepareResult:
         check_same(out, recorded, identity)
         done = finished_shards(out, recorded)
         if done.complete:
-            return PrepareResult(recorded, len(done.shards), 0.0)
+            return PrepareResult(recorded, len(done.shards), 0.0, already_complete=True)
     else:
         done = finished_shards(out, {})
     shards = list(done.shards)
