@@ -102,7 +102,7 @@ def read_back(out: Path) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
         assert docs.dtype == np.int64 and len(docs) == shard["documents"]
         assert len(tokens) == shard["tokens"]
         if i < len(manifest["shards"]) - 1:
-            assert len(tokens) == SHARD_TOKENS
+            assert len(tokens) == manifest["shard_tokens"]
         assert shard["continues_document"] == (len(docs) == 0 or docs[0] != 0)
         streams.append(tokens)
         starts.append(docs + at)
@@ -215,7 +215,8 @@ def test_tiktoken_ranks_file_gives_each_document_then_eos(
     import tiktoken
     from tiktoken_ext.openai_public import r50k_pat_str
 
-    folder, docs, _ = corpus
+    docs = corpus[1][:1500]  # about 1 token a byte with so few merges: a smaller corpus
+    folder = write_corpus(tmp_path / "corpus", docs)
     merges = [b"th", b"he", b"the", b" the", b"qu", b"ue", b"queue", b"er", b"in", b"an"]
     ranks = write_ranks(tmp_path / "small.tiktoken", merges)
     out = tmp_path / "tiktoken"
@@ -227,3 +228,19 @@ def test_tiktoken_ranks_file_gives_each_document_then_eos(
     )
     manifest = check_against(out, docs, enc.encode_ordinary, eos_id)
     assert manifest["tokenizer"]["kind"] == "tiktoken" and manifest["vocab_size"] == eos_id + 1
+
+
+def test_a_document_longer_than_a_shard_runs_on_through_the_next_shards(tmp_path: Path) -> None:
+    from queue_providers.prepare import main
+
+    docs = ["a" * 3000, "short", "é" * 1300]  # 3001, 6 and 2601 byte tokens with EOS
+    corpus = tmp_path / "long.txt"
+    corpus.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["--input", str(corpus), "--separator", "", "--out", str(out), "--no-progress"]
+    assert main([*args, "--shard-tokens", "1024"]) == 0
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert [s["tokens"] for s in manifest["shards"]] == [1024] * 5 + [5608 - 5 * 1024]
+    # Shard 1 is all inside the first document: no document starts there.
+    assert manifest["shards"][1]["continues_document"] and manifest["shards"][1]["documents"] == 0
+    check_against(out, docs, lambda d: list(d.encode()), 256)
