@@ -14,6 +14,7 @@ from pathlib import Path
 
 from queue_client.errors import BatchQueueError
 from queue_providers.prepare.corpus import CorpusSpec
+from queue_providers.prepare.layout import MANIFEST_FILE
 from queue_providers.prepare.run import MIN_SHARD_TOKENS, PrepareOptions, prepare
 
 PROG = "queue-prepare"
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     print(
-        f"{args.out / 'manifest.json'}: {m['total_tokens']:,} tokens, {m['total_documents']:,} "
+        f"{args.out / MANIFEST_FILE}: {m['total_tokens']:,} tokens, {m['total_documents']:,} "
         f"documents in {len(m['shards'])} shard(s) of {m['dtype']} ({how})"
     )
     return 0
