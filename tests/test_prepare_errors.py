@@ -105,3 +105,25 @@ def test_the_dtype_follows_the_vocabulary() -> None:
     assert token_dtype(65537) == "uint32" and token_dtype(1 << 32) == "uint32"
     with pytest.raises(ConfigError, match="does not fit the largest shard dtype, uint32"):
         token_dtype((1 << 32) + 1)
+
+
+def test_the_console_script_and_the_progress_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, func = scripts["queue-prepare"].partition(":")
+    assert getattr(importlib.import_module(module), func) is main
+
+    corpus = write_corpus(tmp_path / "corpus", docs=50)
+    code = main(["--input", str(corpus), "--separator", "", "--out", str(tmp_path / "o"),
+                 "--shard-tokens", "1024", "--progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0 and "100%" in err and "tokens/s" in err and "ETA" in err, err
