@@ -8,6 +8,7 @@ made) is one line on stderr naming it, exit 2. Success prints one summary line.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,13 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--text-key", default="text", help="the JSONL key or Parquet column")
     src.add_argument("--utf8-errors", default="replace", choices=["replace", "error"])
     src.add_argument("--max-document-bytes", type=int, default=64 << 20)
+    src.add_argument(
+        "--remote",
+        type=_json_table,
+        help="URL inputs: text_lm's `remote` table as JSON, e.g. "
+        '\'{"storage_options": {"endpoint_url": "http://minio:9000"}}\' (credentials come '
+        "from the environment, never from here)",
+    )
     tok = p.add_argument_group("tokenizer")
     tok.add_argument(
         "--tokenizer",
@@ -79,6 +87,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _json_table(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def options(args: argparse.Namespace) -> PrepareOptions:
     corpus = CorpusSpec(
         sources=tuple(args.input) if args.input else None,
@@ -92,6 +110,7 @@ def options(args: argparse.Namespace) -> PrepareOptions:
         utf8_errors=args.utf8_errors,
         max_document_bytes=args.max_document_bytes,
         cache_dir=args.out,
+        remote=args.remote,
     )
     return PrepareOptions(
         corpus=corpus,

@@ -45,6 +45,7 @@ class CorpusSpec:
     utf8_errors: str
     max_document_bytes: int
     cache_dir: Path
+    remote: dict[str, Any] | None = None  # text_lm's `remote` table: how URLs are fetched
 
     def options(self) -> ReadOptions:
         return ReadOptions(
@@ -58,9 +59,11 @@ class CorpusSpec:
         """The corpus's files, listed and sized (ConfigError for a missing input)."""
         if self.sources is not None:
             for source in self.sources:
-                if not is_url(source) and not _has_magic(source) and not Path(source).exists():
+                local = not is_url(source) and "://" not in source and not _has_magic(source)
+                if local and not Path(source).expanduser().exists():
                     raise ConfigError(f"input {source!r} does not exist")
-        store = RemoteStore(RemoteSettings.from_config(None, cache_dir=self.cache_dir, who=WHO))
+        settings = RemoteSettings.from_config(self.remote, cache_dir=self.cache_dir, who=WHO)
+        store = RemoteStore(settings)
         return open_corpus(
             list(self.sources) if self.sources is not None else None,
             hf_dataset=self.hf_dataset,
