@@ -12,8 +12,10 @@ ids), taking turns in each of --repeats rounds:
   prepare 1   `prepare()` with --workers 1 (tokenizing in this process), start to manifest:
               hashing the inputs, reading, tokenizing, shards written and fsynced
   prepare 2   the same with 2 worker processes (spawned and started inside the timing)
-Rates count tokenizer tokens (the EOS prepare adds per document is not counted). Ratios are
-medians of per-round ratios over raw, so both sides of each ran seconds apart. With --input,
+Rates count tokenizer tokens (the EOS prepare adds per document is not counted), per second of
+wall time and per CPU second (this process's and its ended children's user + system time:
+what a case costs a core, whatever else the machine runs). Ratios are medians of per-round
+ratios over raw, so both sides of each ran seconds apart. With --input,
 --copies K writes the file K times (K files, read in order) so that a run lasts long enough
 for the 2-worker start-up to matter little.
 """
@@ -28,6 +30,7 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 
 import argparse
 import json
+import resource
 import shutil
 import statistics
 import sys
@@ -74,20 +77,30 @@ def make_corpus(args: argparse.Namespace, work: Path) -> tuple[Path, str | None]
     return folder, args.separator
 
 
-def raw_rate(kind: str, encoder: Any, docs: list[str]) -> float:
-    began, n = time.perf_counter(), 0
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that have ended (the pool's workers,
+    joined when prepare() returns): on a shared machine, the cost that load does not blur."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def raw_rate(kind: str, encoder: Any, docs: list[str]) -> tuple[float, float]:
+    began, cpu, n = time.perf_counter(), cpu_seconds(), 0
     for i in range(0, len(docs), BLOCK_DOCS):
         block = docs[i : i + BLOCK_DOCS]
         if kind == "hf":
             n += sum(len(e.ids) for e in encoder.encode_batch_fast(block, add_special_tokens=False))
         else:
             n += sum(len(encoder.encode_to_numpy(d, disallowed_special=())) for d in block)
-    return n / (time.perf_counter() - began)
+    return n / (time.perf_counter() - began), n / (cpu_seconds() - cpu)
 
 
 def prepare_rate(
     corpus: Path, separator: str | None, tokenizer: str, out: Path, workers: int
-) -> float:
+) -> tuple[float, float]:
     shutil.rmtree(out, ignore_errors=True)
     spec = CorpusSpec(
         sources=(str(corpus),), hf_dataset=None, hf_split="train", hf_config=None,
@@ -97,10 +110,11 @@ def prepare_rate(
     opts = PrepareOptions(
         corpus=spec, tokenizer=tokenizer, out=out, shard_tokens=SHARD_TOKENS, workers=workers
     )
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), cpu_seconds()
     manifest = prepare(opts).manifest
-    seconds = time.perf_counter() - began
-    return (manifest["total_tokens"] - manifest["total_documents"]) / seconds
+    seconds, cpu = time.perf_counter() - began, cpu_seconds() - cpu
+    tokens = manifest["total_tokens"] - manifest["total_documents"]
+    return tokens / seconds, tokens / cpu
 
 
 def encoders(kinds: list[str], bpe: Path, work: Path) -> dict[str, tuple[str, Any]]:
@@ -150,29 +164,30 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         for kind, (value, encoder) in found.items():
-            raw = raw_rate(kind, encoder, docs)
-            one = prepare_rate(corpus, separator, value, work / "out", 1)
-            two = prepare_rate(corpus, separator, value, work / "out", 2)
-            for case, rate in (
-                (f"raw {kind}", raw),
-                (f"prepare {kind} 1", one),
-                (f"prepare {kind} 2", two),
-            ):
-                rates.setdefault(case, []).append(rate)
-            ratios.setdefault(f"prepare {kind} 1 / raw", []).append(one / raw)
-            ratios.setdefault(f"prepare {kind} 2 / raw", []).append(two / raw)
+            got = {
+                f"raw {kind}": raw_rate(kind, encoder, docs),
+                f"prepare {kind} 1": prepare_rate(corpus, separator, value, work / "out", 1),
+                f"prepare {kind} 2": prepare_rate(corpus, separator, value, work / "out", 2),
+            }
+            raw_wall, raw_cpu = got[f"raw {kind}"]
+            for case, (wall, cpu) in got.items():
+                rates.setdefault(case, []).append(wall)
+                rates.setdefault(f"{case} per CPU s", []).append(cpu)
+                if not case.startswith("raw"):
+                    ratios.setdefault(f"{case} / raw", []).append(wall / raw_wall)
+                    ratios.setdefault(f"{case} / raw per CPU s", []).append(cpu / raw_cpu)
     size = sum(p.stat().st_size for p in corpus.iterdir())
     print(
         f"corpus {size / 2**20:.1f} MB, {len(docs):,} documents; BPE vocab {args.vocab_size} "
         f"trained in {train_s:.1f} s; RAYON_NUM_THREADS=1; load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'case':<24} {'M tokens/s (median)':>20}  runs")
+    print(f"{'case':<34} {'M tokens/s (median)':>20}  runs")
     for case, got in rates.items():
         runs = ", ".join(f"{r / 1e6:.2f}" for r in got)
-        print(f"{case:<24} {statistics.median(got) / 1e6:>20.3f}  {runs}")
+        print(f"{case:<34} {statistics.median(got) / 1e6:>20.3f}  {runs}")
     for case, got in ratios.items():
         runs = ", ".join(f"{r:.2f}" for r in got)
-        print(f"{case:<24} {statistics.median(got):>19.2f}x  {runs}")
+        print(f"{case:<34} {statistics.median(got):>19.2f}x  {runs}")
     if args.json:
         args.json.write_text(json.dumps({"rates": rates, "ratios": ratios, "documents": len(docs)}))
     if args.workdir is None:
