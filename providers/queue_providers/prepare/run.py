@@ -19,7 +19,7 @@ from typing import Any
 
 from queue_client.errors import ConfigError
 from queue_providers.inputs import describe_inputs, inputs_fingerprint
-from queue_providers.prepare.corpus import CorpusSpec, corpus_summary, plan_pieces
+from queue_providers.prepare.corpus import CorpusSpec, Piece, corpus_summary, plan_pieces
 from queue_providers.prepare.encode import PieceEncoder
 from queue_providers.prepare.layout import INPUT_CACHE_DIR, token_dtype
 from queue_providers.prepare.progress import PrepareProgress
@@ -33,6 +33,7 @@ from queue_providers.prepare.state import (
     write_progress,
 )
 from queue_providers.prepare.tokenizer import resolve_tokenizer
+from queue_providers.text.corpus import Corpus
 from queue_providers.text.errors import CorpusError
 from queue_providers.text.files import corpus_digest
 from queue_providers.text.plan import iter_corpus
@@ -94,31 +95,8 @@ def _prepare(opts: PrepareOptions) -> PrepareResult:
         pattern=opts.tiktoken_pattern,
         corpus_texts=lambda: (text for _, _, text in iter_corpus(files, read)),
     )
-    dtype = token_dtype(tok_identity["vocab_size"])
     pieces = plan_pieces(files)
-    plan = [[[c.file, c.start, c.end] for c in p.chunks] for p in pieces]
-    identity: dict[str, Any] = {
-        "inputs": {
-            "fingerprint": inputs_fingerprint(records),
-            "corpus_digest": corpus_digest(files),
-            **corpus_summary(corpus),
-            "records": records,
-        },
-        "tokenizer": tok_identity,
-        "reading": {
-            "format": corpus_spec.format,
-            "separator": corpus_spec.separator,
-            "text_key": corpus_spec.text_key,
-            "utf8_errors": corpus_spec.utf8_errors,
-            "max_document_bytes": corpus_spec.max_document_bytes,
-        },
-        "dtype": dtype,
-        "shard_tokens": opts.shard_tokens,
-        "plan": {
-            "pieces": len(pieces),
-            "sha256": hashlib.sha256(json.dumps(plan).encode()).hexdigest(),
-        },
-    }
+    identity = _identity(corpus_spec, corpus, records, tok_identity, pieces, opts.shard_tokens)
     if recorded is not None:
         check_same(out, recorded, identity)
         done = finished_shards(out, recorded)
@@ -130,6 +108,7 @@ def _prepare(opts: PrepareOptions) -> PrepareResult:
     write_progress(out, identity, shards)  # marks the folder ours before any shard exists
     at = done.resume_at
     todo = pieces[at.piece :]
+    dtype = identity["dtype"]
     sharder = Sharder(out, opts.shard_tokens, dtype, len(shards), at)
     done_bytes = sum(p.weight for p in pieces[: at.piece])
     total = sum(p.weight for p in pieces)
@@ -154,3 +133,38 @@ def _prepare(opts: PrepareOptions) -> PrepareResult:
         )
     manifest = write_manifest(out, identity, shards)
     return PrepareResult(manifest, len(done.shards), rate)
+
+
+def _identity(
+    spec: CorpusSpec,
+    corpus: Corpus,
+    records: dict[str, dict[str, Any]],
+    tokenizer: dict[str, Any],
+    pieces: list[Piece],
+    shard_tokens: int,
+) -> dict[str, Any]:
+    """Everything the shards depend on: a run that differs in any of it may not go on."""
+    files = corpus.files
+    plan = [[[c.file, c.start, c.end] for c in p.chunks] for p in pieces]
+    return {
+        "inputs": {
+            "fingerprint": inputs_fingerprint(records),
+            "corpus_digest": corpus_digest(files),
+            **corpus_summary(corpus),
+            "records": records,
+        },
+        "tokenizer": tokenizer,
+        "reading": {
+            "format": spec.format,
+            "separator": spec.separator,
+            "text_key": spec.text_key,
+            "utf8_errors": spec.utf8_errors,
+            "max_document_bytes": spec.max_document_bytes,
+        },
+        "dtype": token_dtype(tokenizer["vocab_size"]),
+        "shard_tokens": shard_tokens,
+        "plan": {
+            "pieces": len(plan),
+            "sha256": hashlib.sha256(json.dumps(plan).encode()).hexdigest(),
+        },
+    }

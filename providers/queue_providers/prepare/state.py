@@ -82,8 +82,10 @@ def open_output(out: Path, overwrite: bool) -> dict[str, Any] | None:
     holds files that are not ours; with `overwrite`, deletes ours and returns None."""
     entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     recorded = read_json(out / MANIFEST_FILE) or read_json(out / PROGRESS_FILE)
-    # Only a killed run's temp files may be there without a record: the record comes first.
-    if recorded is None and not all(is_temp_name(name) for name in entries):
+    # Without a record, only what a run leaves before writing one may be there: temp files,
+    # and the cache of URL inputs listed before a failure (a bad tokenizer, say).
+    leftovers = all(is_temp_name(name) or name == INPUT_CACHE_DIR for name in entries)
+    if recorded is None and not leftovers:
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise ConfigError(
             f"--out {str(out)!r} is not empty ({shown}) and holds no prepared corpus (no "
