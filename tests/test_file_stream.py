@@ -12,7 +12,13 @@ import pytest
 
 from queue_client import errors
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_server.file_stream import CHUNK_BYTES, stream_file
+from queue_server.file_stream import (
+    CHUNK_BYTES,
+    MAX_CHUNK_BYTES,
+    MIN_CHUNK_BYTES,
+    chunk_size,
+    stream_file,
+)
 
 
 def _file(tmp_path: Path, size: int) -> tuple[Path, bytes]:
@@ -96,3 +102,53 @@ def _points_to(fd: str, path: Path) -> bool:
         return os.readlink(f"/proc/self/fd/{fd}") == str(path)
     except OSError:
         return False
+
+
+def test_the_default_chunk_fits_standard_clients_and_bigger_asks_are_capped() -> None:
+    """A whole first chunk (every field at its widest) is at most 1 MiB on the wire, far
+    inside the 4 MiB that grpcurl and gRPC's default channels take; a client asking for more
+    gets the default, one asking for less gets what it asked."""
+    widest = pb.FileChunk(
+        offset_bytes=2**62, data=b"x" * CHUNK_BYTES, size_bytes=2**62, crc32=2**32 - 1
+    )
+    assert widest.ByteSize() <= 1 << 20
+    assert chunk_size(0) == chunk_size(MAX_CHUNK_BYTES) == CHUNK_BYTES
+    assert chunk_size(MIN_CHUNK_BYTES) == MIN_CHUNK_BYTES
+
+
+def test_a_lease_that_ends_during_a_write_nobody_takes_ends_the_stream(tmp_path: Path) -> None:
+    """The client never reads, so the write never completes: the lease's end still ends the
+    stream, with UnknownLease saying why, and the file is closed."""
+    size = 3 * CHUNK_BYTES
+    path, data = _file(tmp_path, size)
+    counted: list[int] = []
+
+    async def run() -> None:
+        ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        blocked = asyncio.Event()
+
+        async def write(chunk: pb.FileChunk) -> None:
+            blocked.set()
+            await asyncio.Event().wait()  # a client that never takes it
+
+        streaming = asyncio.ensure_future(
+            stream_file(
+                path,
+                size,
+                zlib.crc32(data),
+                "ds/train",
+                write,
+                lambda: None,
+                ended=ended,
+                sent=counted.append,
+            )
+        )
+        await blocked.wait()
+        assert [fd for fd in os.listdir("/proc/self/fd") if _points_to(fd, path)]
+        ended.set_result("lease 'l' expired (not renewed within lease_ttl_s = 2 s)")
+        with pytest.raises(errors.UnknownLease, match=r"lease 'l' expired .* while its ds/train"):
+            await streaming
+
+    asyncio.run(run())
+    assert counted == []  # nothing was taken
+    assert not [fd for fd in os.listdir("/proc/self/fd") if _points_to(fd, path)]

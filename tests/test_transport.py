@@ -345,7 +345,7 @@ def test_a_file_failing_its_checksum_is_fetched_again_once_then_made_again(
     server = module.server
     qdir = server.data_root / "victim" / "queue" / "train"
     name = wait_until(
-        lambda: next((n for n in scan_queue(qdir) if n.seq == 0), None), 30, "victim seq 0"
+        lambda: next((n for n in scan_queue(qdir) if n.seq == 0), None), 120, "victim seq 0"
     )
     victim = qdir / str(name)
     expected = load_batch_file(victim).tensors["x"].clone()
@@ -501,8 +501,8 @@ def test_tls_with_a_certificate_made_on_the_fly(start_server, corpus: Path, tmp_
     try:
         health = health_pb2_grpc.HealthStub(channel)
         wait_until(
-            lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == SERVING,
-            60,
+            lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=30).status == SERVING,
+            120,
             "SERVING over TLS",
         )
         for transport, data_root in (("file", None), ("grpc", empty_dir(tmp_path))):
@@ -526,7 +526,7 @@ def test_tls_with_a_certificate_made_on_the_fly(start_server, corpus: Path, tmp_
             QueueClient(server.address, "d", tls_ca_file=cert, auth_token="wrong")
         fetch = pb.FetchFileRequest(lease_id="0" * 32, client_id="intruder")
         with pytest.raises(grpc.RpcError) as err:
-            list(pb_grpc.BatchQueueStub(channel).FetchFile(fetch, timeout=10))
+            list(pb_grpc.BatchQueueStub(channel).FetchFile(fetch, timeout=30))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         channel.close()

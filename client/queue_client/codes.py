@@ -21,7 +21,12 @@ _CODE_BY_ERROR: list[tuple[type[errors.BatchQueueError], grpc.StatusCode]] = [
     (errors.NoBatchReady, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.ServerUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.ServerBusy, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
+
+# gRPC itself answers RESOURCE_EXHAUSTED too (a message over a size limit), which no retry
+# mends: only the server's own ServerBusy, named in the details, is taken as one.
+_BY_NAME_ONLY = (errors.ServerBusy,)
 
 # The message carries the class name, so NOT_FOUND comes back as the right kind of not found.
 _SEPARATOR = ": "
@@ -50,6 +55,6 @@ def error_from_rpc(err: grpc.RpcError, address: str) -> errors.BatchQueueError:
     if isinstance(cls, type) and issubclass(cls, errors.BatchQueueError):
         return cls(message)
     for cls, mapped in _CODE_BY_ERROR:
-        if mapped == code:
+        if mapped == code and cls not in _BY_NAME_ONLY:
             return cls(details)
     return errors.BatchQueueError(f"{code.name} from {address}: {details}")

@@ -55,6 +55,11 @@ class ServerUnavailable(BatchQueueError, ConnectionError):
     """The server could not be reached at the address given, after bounded retries."""
 
 
+class ServerBusy(BatchQueueError):
+    """The server is at one of its limits (server.max_fetch_streams: FetchFile streams open at
+    once); the message names it. Retry after a backoff, or raise the limit."""
+
+
 class PermissionDenied(BatchQueueError, PermissionError):
     """A missing or wrong auth token, or a path outside the data root."""
 

@@ -11,6 +11,9 @@ split holds the file being read and the prefetched one, so a client holds at mos
 of tensors per split, and one file's bytes more while the next one loads. `max_bytes`
 refuses a bigger file before anything is allocated.
 
+A server at its cap of open streams (server.max_fetch_streams) answers ServerBusy; the fetch
+is tried again with a capped exponential backoff until timeout_s has passed.
+
 Which transport: "auto" reads files when the client's data_root holds the root id that the
 server publishes in GetMeta (the very same directory: a path alone may name another disk on
 another host), and streams them otherwise.
@@ -20,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
+import time
 import zlib
 from pathlib import Path
 
-from queue_client.errors import CorruptBatchFile, InvalidRequest
+from queue_client.errors import CorruptBatchFile, InvalidRequest, ServerBusy
 from queue_client.layout import root_id_file
 from queue_client.rpc import Rpc
 from queue_client.wire import batchqueue_pb2 as pb
@@ -34,6 +39,8 @@ TRANSPORTS = ("auto", "file", "grpc")
 # A file that fails its checksum is fetched once more (the fault may have been in transit);
 # a second failure is reported, and the caller releases the lease as CORRUPT.
 CHECKSUM_ATTEMPTS = 2
+# Backoff between fetches refused for the server's stream cap: first and longest, seconds.
+_BUSY_BACKOFF_S = (0.05, 2.0)
 
 
 def check_transport(transport: str) -> str:
@@ -91,12 +98,27 @@ class FileFetcher:
             )
         for attempt in range(1, CHECKSUM_ATTEMPTS + 1):
             try:
-                return self._fetch_once(lease_id, size_bytes, crc32, where)
+                return self._fetch_when_free(lease_id, size_bytes, crc32, where)
             except CorruptBatchFile as exc:
                 if attempt == CHECKSUM_ATTEMPTS:
                     raise CorruptBatchFile(f"{exc} (fetched {attempt} times)") from None
                 log.warning("%s; fetching it again", exc)
         raise AssertionError("unreachable")
+
+    def _fetch_when_free(self, lease_id: str, size_bytes: int, crc32: int, where: str) -> bytes:
+        """_fetch_once, again after a backoff while the server refuses it as busy."""
+        deadline = time.monotonic() + self.timeout_s
+        delay = _BUSY_BACKOFF_S[0]
+        while True:
+            try:
+                return self._fetch_once(lease_id, size_bytes, crc32, where)
+            except ServerBusy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                # Backoff, not synchronisation: the server offers nothing to wait on.
+                time.sleep(min(remaining, delay * (0.5 + random.random())))
+                delay = min(delay * 2, _BUSY_BACKOFF_S[1])
 
     def _fetch_once(self, lease_id: str, size_bytes: int, crc32: int, where: str) -> bytes:
         request = pb.FetchFileRequest(

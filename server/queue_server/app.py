@@ -32,13 +32,14 @@ from grpc_reflection.v1alpha import reflection
 from queue_client.errors import ConfigError
 from queue_client.layout import atomic_write, root_id_file
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server.auth import TokenInterceptor
 from queue_server.config import ServerConfig, parse_listen
 from queue_server.dataset import FAILED, SERVING, DatasetRuntime
+from queue_server.fetch_streams import FetchStreams
 from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
 from queue_server.production import ray_connect
+from queue_server.request_decoding import add_servicer
 from queue_server.root_lock import DataRootLock
 from queue_server.servicer import BatchQueueServicer
 from queue_server.split_queue import SplitQueue
@@ -116,7 +117,9 @@ class QueueServer:
         root = Path(config.data_root).expanduser().resolve()
         self.config = replace(config, data_root=root)
         self.health = health.aio.HealthServicer()
-        self.leases: LeaseDirectory[SplitQueue] = LeaseDirectory()
+        # FetchFile streams: the server-wide cap, and each one ended with its lease.
+        self.streams = FetchStreams(self.config.max_fetch_streams)
+        self.leases: LeaseDirectory[SplitQueue] = LeaseDirectory(self.streams.lease_ended)
         self.datasets = {
             d.name: DatasetRuntime(d, self.config, self._on_dataset_state, self.leases)
             for d in config.datasets
@@ -126,7 +129,7 @@ class QueueServer:
         self.address = ""
         self._unix_socket: tuple[int, int] | None = None  # (dev, inode) of the socket we bound
         self.metrics = (
-            MetricsServer(self.datasets, self.config.metrics_listen)
+            MetricsServer(self.datasets, self.config.metrics_listen, self.streams)
             if self.config.metrics_listen
             else None
         )
@@ -190,8 +193,9 @@ class QueueServer:
             cfg.acquire_wait_s,
             self.metrics,
             data_root_id=self.root_id,
+            streams=self.streams,
         )
-        pb_grpc.add_BatchQueueServicer_to_server(servicer, server)
+        add_servicer(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (

@@ -54,6 +54,8 @@ DEFAULT_CONFIG = Path(__file__).with_name("default_config.toml")
 # Upper bounds, in seconds: a day of lease without renewal, an hour in one AcquireLease call.
 MAX_LEASE_TTL_S = 86_400.0
 MAX_ACQUIRE_WAIT_S = 3_600.0
+# FetchFile streams open at once: far more than one server's ranks ever fetch together.
+MAX_FETCH_STREAMS = 65_536
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ class ServerConfig:
     # A dataset that fails (config, inputs, provider) stops the server with exit code 2;
     # true keeps the others serving and reports the failed one NOT_SERVING with its reason.
     keep_serving: bool = False
+    # FetchFile streams open at once, server-wide; one more is RESOURCE_EXHAUSTED. Each holds
+    # a few chunks of memory (file_stream.py), so this bounds what streams hold in all.
+    max_fetch_streams: int = 64
     # Where relative provider paths are resolved (the config file's directory).
     config_dir: Path = Path(".")
     verbose: bool = False
@@ -139,6 +144,12 @@ class ServerConfig:
             "server.keep_serving",
             self.keep_serving,
             "true or false",
+        )
+        check(
+            is_int(self.max_fetch_streams) and 1 <= self.max_fetch_streams <= MAX_FETCH_STREAMS,
+            "server.max_fetch_streams",
+            self.max_fetch_streams,
+            f"an integer in [1, {MAX_FETCH_STREAMS}]",
         )
         names = [d.name for d in self.datasets]
         check(len(set(names)) == len(names), "datasets", names, "unique names")

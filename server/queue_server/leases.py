@@ -55,16 +55,21 @@ Owner = TypeVar("Owner")
 
 
 class LeaseDirectory(Generic[Owner]):
-    """Server-wide: lease id -> the owner (a split queue) whose table holds it."""
+    """Server-wide: lease id -> the owner (a split queue) whose table holds it.
 
-    def __init__(self) -> None:
+    `on_discard(lease_id, why)` hears of every lease that ends (FetchFile ends the streams
+    of that lease with it)."""
+
+    def __init__(self, on_discard: Callable[[str, str], None] | None = None) -> None:
         self._owners: dict[str, Owner] = {}
+        self._on_discard = on_discard
 
     def add(self, lease_id: str, owner: Owner) -> None:
         self._owners[lease_id] = owner
 
-    def discard(self, lease_id: str) -> None:
-        self._owners.pop(lease_id, None)
+    def discard(self, lease_id: str, why: str = "released") -> None:
+        if self._owners.pop(lease_id, None) is not None and self._on_discard is not None:
+            self._on_discard(lease_id, why)
 
     def owner_of(self, lease_id: str) -> Owner:
         if not lease_id or len(lease_id) > MAX_ID_LENGTH:
@@ -155,7 +160,7 @@ class LeaseTable:
         ttl_s: float,
         clock: Callable[[], float],
         on_add: Callable[[str], None] = lambda lease_id: None,
-        on_remove: Callable[[str], None] = lambda lease_id: None,
+        on_remove: Callable[[str, str], None] = lambda lease_id, why: None,
     ) -> None:
         self.where = where
         self.ttl_s = ttl_s
@@ -194,7 +199,7 @@ class LeaseTable:
                 lease.client_id,
                 client_id,
             )
-            self.drop(lease)
+            self.drop(lease, f"taken over by client {client_id!r} of the same rank")
         lease = Lease(uuid.uuid4().hex, client_id, seq, rank, world_size, expires)
         self.by_id[lease.lease_id] = lease
         self.by_seq[seq] = lease
@@ -227,18 +232,19 @@ class LeaseTable:
             )
         return lease
 
-    def drop(self, lease: Lease) -> None:
+    def drop(self, lease: Lease, why: str = "released") -> None:
+        """End a lease; `why` (released, expired, taken over) is told to its FetchFile streams."""
         self.by_id.pop(lease.lease_id, None)
         if self.by_seq.get(lease.seq) is lease:
             del self.by_seq[lease.seq]
-        self._on_remove(lease.lease_id)
+        self._on_remove(lease.lease_id, why)
 
     def expire(self) -> list[Lease]:
         """Drop the leases whose time is up; returns them."""
         now = self._clock()
         expired = [lease for lease in self.by_id.values() if lease.expires_at <= now]
         for lease in expired:
-            self.drop(lease)
+            self.drop(lease, f"expired (not renewed within lease_ttl_s = {self.ttl_s:g} s)")
             log.info(
                 "%s seq %d: lease of client %s expired", self.where, lease.seq, lease.client_id
             )

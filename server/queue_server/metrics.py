@@ -3,7 +3,8 @@
 `/metrics` is the Prometheus text format, rendered by prometheus_client from a collector that
 reads the split queues when scraped (no background bookkeeping; the workers' resident memory
 is read from /proc in a thread just before); no `_created` series (they only restate the
-server's start time). `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
+server's start time); FetchFile's counts (bytes streamed per split, streams open and refused)
+come from fetch_streams.py the same way. `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
 with one line per other dataset: its name, state and why. The HTTP side is a minimal asyncio responder: it reads
 one request line, answers and closes, so a scrape never blocks gRPC.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -31,6 +33,7 @@ from queue_server.training_units import SplitUnits, split_units
 
 if TYPE_CHECKING:
     from queue_server.dataset import DatasetRuntime
+    from queue_server.fetch_streams import FetchStreams
 
 log = logging.getLogger("queue_server.metrics")
 
@@ -42,8 +45,11 @@ WAIT_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 
 class QueueCollector:
     """Reads every split queue at scrape time."""
 
-    def __init__(self, datasets: Mapping[str, DatasetRuntime]) -> None:
+    def __init__(
+        self, datasets: Mapping[str, DatasetRuntime], streams: FetchStreams | None = None
+    ) -> None:
         self._datasets = datasets
+        self._streams = streams
         # pid -> resident bytes, read in a thread before each scrape (MetricsServer).
         self.rss: dict[int, int] = {}
         self._units: dict[tuple[str, str], SplitUnits] = {}
@@ -161,23 +167,52 @@ class QueueCollector:
                 )
                 for worker, pid in enumerate(snap.worker_pids):
                     rss.add_metric([name, split, str(worker)], self.rss.get(pid, 0))
-                for attr, family in curriculum.items():
+                for attr, gauge in curriculum.items():
                     if snap.curriculum is not None and attr in snap.curriculum:
-                        family.add_metric(key, float(snap.curriculum[attr]))
+                        gauge.add_metric(key, float(snap.curriculum[attr]))
         yield up
         yield from gauges.values()
         yield from curriculum.values()
         yield from counters.values()
         yield tokens
         yield rss
+        if self._streams is not None:
+            yield from _stream_metrics(self._streams)
+
+
+def _stream_metrics(streams: FetchStreams) -> Iterator[Metric]:
+    """FetchFile: bytes streamed per split, streams open now, streams refused at the cap."""
+    sent = CounterMetricFamily(
+        "batchqueue_fetch_bytes",
+        "Bytes of batch files streamed to clients by FetchFile",
+        labels=["dataset", "split"],
+    )
+    for (dataset, split), n in sorted(streams.bytes_sent.items()):
+        sent.add_metric([dataset, split], n)
+    yield sent
+    yield GaugeMetricFamily(
+        "batchqueue_fetch_streams_open",
+        "FetchFile streams open now (server.max_fetch_streams at most)",
+        value=streams.open_streams,
+    )
+    yield CounterMetricFamily(
+        "batchqueue_fetch_streams_refused",
+        "FetchFile calls refused because server.max_fetch_streams streams were open",
+        value=streams.refused,
+    )
 
 
 class MetricsServer:
-    def __init__(self, datasets: Mapping[str, DatasetRuntime], listen: str) -> None:
+    def __init__(
+        self,
+        datasets: Mapping[str, DatasetRuntime],
+        listen: str,
+        streams: FetchStreams | None = None,
+    ) -> None:
         disable_created_metrics()  # process-wide: no `_created` series anywhere
         self.registry = CollectorRegistry()
-        self.collector = QueueCollector(datasets)
-        self.registry.register(self.collector)  # type: ignore[arg-type]
+        self.collector = QueueCollector(datasets, streams)
+        self.registry.register(self.collector)
         self.wait_seconds = Histogram(
             "batchqueue_get_batch_wait_seconds",
             "How long get_batch blocked at a file boundary, as reported by clients",
@@ -191,14 +226,27 @@ class MetricsServer:
         self.address = ""
 
     async def start(self) -> str:
+        """Listen; OSError naming the address and the setting when it cannot (most often a
+        second server on the host left at the default address)."""
         listen = parse_listen(self._listen)
+        try:
+            if listen.unix_path:
+                self._server = await asyncio.start_unix_server(self._handle, path=listen.unix_path)
+            else:
+                self._server = await asyncio.start_server(
+                    self._handle, host=listen.host, port=listen.port
+                )
+        except OSError as exc:
+            why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise OSError(
+                f"cannot listen for /metrics and /healthz on {self._listen} "
+                f"(server.metrics_listen, --metrics-listen): {why}; another "
+                "process, such as a second queue-server on this host, may hold it: give each "
+                'server its own --metrics-listen, or "" to turn the listener off',
+            ) from None
         if listen.unix_path:
-            self._server = await asyncio.start_unix_server(self._handle, path=listen.unix_path)
             self.address = f"unix:{listen.unix_path}"
         else:
-            self._server = await asyncio.start_server(
-                self._handle, host=listen.host, port=listen.port
-            )
             port = self._server.sockets[0].getsockname()[1]
             self.address = f"{listen.host}:{port}"
         return self.address

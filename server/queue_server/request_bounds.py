@@ -13,7 +13,10 @@ system can hold:
 - wait_ms: ten minutes at most (the server caps its own wait at acquire_wait_s anyway);
 - waited_s: a finite duration in [0, one day] (it feeds the wait histogram);
 - alpha: a finite number in [0, 1];
-- lease_ids: at most MAX_LEASE_IDS in one RenewLeases call.
+- lease_ids: at most MAX_LEASE_IDS in one RenewLeases call;
+- client_id: at most MAX_ID_LENGTH characters where a message may name it (AcquireLease,
+  ReleaseLease, FetchFile), so that no error ever quotes a long one back (a 16 KiB id once
+  broke gRPC's metadata limit and came back RESOURCE_EXHAUSTED).
 
 Ids are checked where they are looked up (an id nobody holds is NOT_FOUND, or lost in a
 renewal), and ReleaseLease's outcome where the lease is (leases.py), before anything changes.
@@ -42,6 +45,8 @@ __all__ = [
     "MAX_WAIT_MS",
     "MAX_WORLD_SIZE",
     "check_acquire",
+    "check_client_id",
+    "check_fetch",
     "check_int",
     "check_release",
     "check_renew",
@@ -64,13 +69,18 @@ def check_unit_interval(field: str, value: float) -> float:
     return value
 
 
-def check_acquire(request: pb.AcquireLeaseRequest) -> None:
-    """AcquireLease: client_id's length, wait_ms, world_size (0 means 1), rank, seq."""
-    if len(request.client_id) > MAX_ID_LENGTH:
+def check_client_id(client_id: str) -> None:
+    """Its length only (an empty id is refused where it matters), never quoting it."""
+    if len(client_id) > MAX_ID_LENGTH:
         raise InvalidRequest(
-            f"client_id is {len(request.client_id)} characters long; the allowed length is "
+            f"client_id is {len(client_id)} characters long; the allowed length is "
             f"[1, {MAX_ID_LENGTH}]"
         )
+
+
+def check_acquire(request: pb.AcquireLeaseRequest) -> None:
+    """AcquireLease: client_id's length, wait_ms, world_size (0 means 1), rank, seq."""
+    check_client_id(request.client_id)
     check_int("wait_ms", request.wait_ms, 0, MAX_WAIT_MS, " (0 means the server's default)")
     check_int("world_size", request.world_size, 0, MAX_WORLD_SIZE, " (0 means 1)")
     world_size = request.world_size or 1
@@ -80,12 +90,19 @@ def check_acquire(request: pb.AcquireLeaseRequest) -> None:
 
 
 def check_release(request: pb.ReleaseLeaseRequest) -> None:
-    """ReleaseLease: waited_s (the outcome is checked with the lease, in leases.py)."""
+    """ReleaseLease: client_id's length, waited_s (the outcome is checked with the lease, in
+    leases.py)."""
+    check_client_id(request.client_id)
     waited = request.waited_s
     if not (math.isfinite(waited) and 0.0 <= waited <= MAX_WAITED_S):
         raise InvalidRequest(
             f"waited_s {waited!r} is outside the allowed range [0, {MAX_WAITED_S:g}] seconds"
         )
+
+
+def check_fetch(request: pb.FetchFileRequest) -> None:
+    """FetchFile: client_id's length (max_chunk_bytes in file_stream.chunk_size)."""
+    check_client_id(request.client_id)
 
 
 def check_renew(request: pb.RenewLeasesRequest) -> None:

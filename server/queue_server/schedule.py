@@ -149,6 +149,21 @@ class Schedule:
         """The first seq past this rank's window."""
         return self.frontier(rank, held) + self.world_size * self.files_per_window
 
+    def window_shut(self, rank: int, seq: int, held_seqs: list[int]) -> str:
+        """Why `seq` is not made, when it is the rank's own unreleased leases (`held_seqs`)
+        that hold its window shut; "" otherwise."""
+        if not held_seqs or seq < self.window_end(rank, {rank: min(held_seqs)}):
+            return ""
+        seqs = sorted(held_seqs)
+        shown = ", ".join(map(str, seqs[:8])) + (", ..." if len(seqs) > 8 else "")
+        return (
+            f": rank {rank} holds {len(seqs)} unreleased lease(s) (seqs {shown}), and a rank's "
+            f"files are made only within {self.files_per_window} of its seqs "
+            f"(max_backlog_files {self.max_backlog_files} + 2) from the lowest one it holds, so seq {seq} "
+            f"waits until seq {seqs[0]} is released: release the leases it has read "
+            "(ReleaseLease CONSUMED, or RETURNED) before asking for more"
+        )
+
     def in_window(self, seq: int, held: Mapping[int, int]) -> bool:
         """Deterministic mode: whether seq may be on disk now."""
         return seq < self.window_end(World.owner_of(seq, self.world_size).rank, held)

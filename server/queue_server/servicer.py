@@ -22,10 +22,12 @@ from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server import request_bounds
 from queue_server.dataset import DatasetRuntime
+from queue_server.fetch_streams import FetchStreams
 from queue_server.file_stream import chunk_size, stream_file
 from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
 from queue_server.process_memory import rss_of
+from queue_server.request_decoding import UndecodableRequest
 from queue_server.split_queue import SplitQueue
 from queue_server.split_stats import training_view
 from queue_server.throughput import Throughput
@@ -40,6 +42,8 @@ def _translate(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
         try:
+            if isinstance(request, UndecodableRequest):
+                raise request.refuse()
             return await method(self, request, context)
         except errors.BatchQueueError as exc:
             code, message = status_for(exc)
@@ -60,8 +64,10 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         metrics: MetricsServer | None = None,
         *,
         data_root_id: str = "",
+        streams: FetchStreams,
     ) -> None:
         self._metrics = metrics
+        self._streams = streams
         self._data_root_id = data_root_id
         self._datasets = datasets
         self._leases = leases
@@ -307,6 +313,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         at = queue.set_curriculum(alpha, position, request.rank)
         return pb.SetCurriculumResponse(effective_seq=at)
 
+    @_translate
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
         return pb.PingResponse(payload=request.payload)
 
@@ -330,9 +337,14 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     async def FetchFile(self, request: pb.FetchFileRequest, context: Any) -> None:
         """Stream a leased file to its holder (file_stream.py): disk reads in a thread, one
         chunk ahead, each write waiting for the client, the lease checked before each chunk."""
+        request_bounds.check_fetch(request)
         chunk_bytes = chunk_size(request.max_chunk_bytes)
         queue = self._leases.owner_of(request.lease_id)
         path, size, crc = _leased_file(queue, request.lease_id, request.client_id)
+        stream = self._streams.open(request.lease_id, queue.config.name, queue.split)
+        # The slot is free once gRPC is done with the call, not before: an error's status
+        # may wait behind a chunk that a client never reads.
+        context.add_done_callback(lambda _: self._streams.close(stream))
         await stream_file(
             path,
             size,
@@ -341,6 +353,8 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             context.write,
             lambda: _leased_file(queue, request.lease_id, request.client_id),
             chunk_bytes,
+            ended=stream.ended,
+            sent=lambda n: self._streams.sent(stream, n),
         )
 
 

@@ -135,9 +135,9 @@ class SplitQueue:
             self._directory.add(lease_id, self)
         self._leases_changed.notify()
 
-    def _lease_removed(self, lease_id: str) -> None:
+    def _lease_removed(self, lease_id: str, why: str) -> None:
         if self._directory is not None:
-            self._directory.discard(lease_id)
+            self._directory.discard(lease_id, why)
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def open(self) -> None:
@@ -177,7 +177,7 @@ class SplitQueue:
         await self.production.close()
         await self.keeper.close()
         for lease in self.leases.all():
-            self.leases.drop(lease)
+            self.leases.drop(lease, "ended as the server shut down")
         self.journal.close()
         self.changed.notify()
 
@@ -252,7 +252,7 @@ class SplitQueue:
             if not await self._wait(deadline):
                 raise errors.NoBatchReady(
                     f"no file for {self.where} seq {seq} (rank {rank}) became ready within "
-                    f"{wait_s:.1f}s{self.why_slow()}"
+                    f"{wait_s:.1f}s{self._window_shut(rank, seq)}{self.why_slow()}"
                 )
 
     async def _acquire_any(
@@ -282,6 +282,10 @@ class SplitQueue:
         await self.changed.wait(remaining)
         return True
 
+    def _window_shut(self, rank: int, seq: int) -> str:
+        held = [lease.seq for lease in self.leases.all() if lease.rank == rank]
+        return self.schedule.window_shut(rank, seq, held)
+
     def why_slow(self) -> str:
         backend = self.production.backend.why_slow()
         if backend:
@@ -300,9 +304,10 @@ class SplitQueue:
     def release(self, lease_id: str, client_id: str, outcome: int, reason: str) -> None:
         lease = self.leases.check_release(lease_id, client_id, outcome)
         entry = self.state.files[lease.seq]
+        why = f"released as {ReleaseOutcome(outcome).name}"
         if outcome == ReleaseOutcome.CONSUMED:
             self._journal(Consumed(lease.seq, lease.world_size))
-            self.leases.drop(lease)
+            self.leases.drop(lease, why)
             del self.state.files[lease.seq]
             self.state.consumed.add(lease.seq)
             self.state.counters.consumed_files += 1
@@ -311,9 +316,9 @@ class SplitQueue:
         elif outcome == ReleaseOutcome.CORRUPT:
             # Quarantined first: a record that cannot be journaled leaves the lease as it was.
             self.quarantine_file(entry, reason or "reported corrupt by a client")
-            self.leases.drop(lease)
+            self.leases.drop(lease, why)
         else:
-            self.leases.drop(lease)
+            self.leases.drop(lease, why)
         self.changed.notify()
         self.production.kick()
 

@@ -162,7 +162,9 @@ class BatchQueueServicer:
     def FetchFile(self, request, context):
         """Streams the file of a lease that client_id holds, for a client that cannot see the data
         root: chunks of at most 1 MiB in order, the first carrying the file's size and crc32 (as
-        in the Lease). The client checks both over what it assembled; on a mismatch it fetches
+        in the Lease). The stream ends with NOT_FOUND when the lease ends (released, expired,
+        taken over), also while the client is not reading; RESOURCE_EXHAUSTED when
+        server.max_fetch_streams streams are open. The client checks both over what it assembled; on a mismatch it fetches
         once more, then releases the lease as CORRUPT. Only the lease's own file is ever read.
         NOT_FOUND for an unknown lease, FAILED_PRECONDITION for a lease of another client,
         DATA_LOSS when the file is gone from disk. Safe to retry while the lease is held: every
