@@ -127,3 +127,17 @@ def test_the_console_script_and_the_progress_line(
                  "--shard-tokens", "1024", "--progress"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 0 and "100%" in err and "tokens/s" in err and "ETA" in err, err
+
+
+def test_a_folder_another_run_is_writing_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from queue_providers.prepare.state import locked
+
+    corpus = write_corpus(tmp_path / "corpus", docs=20)
+    out = tmp_path / "out"
+    with locked(out):  # as a run in progress holds it
+        code, said = prepare(capsys, "--input", str(corpus), "--out", str(out))
+    assert code == 2 and "another queue-prepare is writing" in said, said
+    code, said = prepare(capsys, "--input", str(corpus), "--out", str(out))
+    assert code == 0, said
