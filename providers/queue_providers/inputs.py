@@ -173,6 +173,11 @@ def check_inputs(
     )
 
 
+def input_changes(recorded: Mapping[str, Mapping[str, Any]], now: InputRecords) -> list[str]:
+    """Each input that is new, gone or changed between two sets of records, in words."""
+    return _changes(recorded, now)
+
+
 def _changes(recorded: Mapping[str, Mapping[str, Any]], now: InputRecords) -> list[str]:
     changes = []
     for key in sorted(set(recorded) | set(now)):
