@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_ordering_and_resume import Rank, _run
 
 from queue_client import QueueClient
 from queue_client.errors import InvalidRequest
-from test_ordering_and_resume import Rank, _run
 
 BS, NB = 6, 2  # a file holds 12 rows: a ramp of 4 -> 8 -> 16 crosses files all the time
 ROWS = BS * NB
@@ -125,7 +125,9 @@ def test_an_old_batch_granularity_state_still_loads(server: Any) -> None:
         assert got == ref[ROWS + BS : ROWS + BS + 10]
         assert client.state_dict()["splits"]["train"]["offset"] == 4  # rows into seq 2
         with pytest.raises(InvalidRequest, match=r"offset 3, but a file holds 2 batches"):
-            client.load_state_dict({**old, "splits": {"train": {**old["splits"]["train"], "offset": 3}}})
+            client.load_state_dict(
+                {**old, "splits": {"train": {**old["splits"]["train"], "offset": 3}}}
+            )
 
 
 def test_out_buffers_take_any_batch_size(server: Any) -> None:
