@@ -64,6 +64,7 @@ class QueueClient:
         timeout_s: float = 60.0,
         reconnect_timeout_s: float = 30.0,
         prefetch: bool = True,
+        prefetch_files: int = 2,
         copy: bool = False,
         verify_checksums: bool = True,
         auth_token: str | None = None,
@@ -79,10 +80,18 @@ class QueueClient:
         the root id the server publishes) and streams them otherwise. `self.transport` says
         which it is. max_fetch_bytes: a streamed file bigger than this is refused; a split
         holds at most two files in memory (the one read and the prefetched one).
+        prefetch_files: files leased and loaded ahead of the one being read (with prefetch),
+        so a server slow to answer (a loaded machine) never makes a file switch wait; each
+        holds a lease and a mapped file.
         tls_ca_file: a PEM file of the certificate(s) to trust: the connection is TLS (also
         $BATCHQUEUE_TLS_CA_FILE), for a server with server.tls_cert_file.
         """
         check_transport(transport)
+        if not isinstance(prefetch_files, int) or not 1 <= prefetch_files <= 16:
+            raise errors.InvalidRequest(
+                f"prefetch_files must be an int in [1, 16], got {prefetch_files!r}"
+            )
+        self.prefetch_files = prefetch_files
         self.address = address
         self.dataset = check_dataset_name(dataset)
         self.world = World.detect(rank, world_size)
@@ -132,7 +141,10 @@ class QueueClient:
                 address,
             )
         self._transfer = Transfer(self.device, copy=copy)
-        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="queue-client")
+        # Prefetch jobs of two splits, and the releases beside them.
+        self.executor = ThreadPoolExecutor(
+            max_workers=2 * prefetch_files + 2, thread_name_prefix="queue-client"
+        )
         self._streams: dict[str, SplitStream] = {}
         self._resume: dict[str, StreamPlan] = {}
         self._held: dict[int, LeaseRef] = {}
@@ -366,7 +378,7 @@ class QueueClient:
             schema,
             plan=plan,
             seq_stride=self.world.world_size,
-            prefetch=self.prefetch,
+            prefetch=self.prefetch_files if self.prefetch else 0,
             timeout_s=self.timeout_s,
             clock=time.monotonic,
             dependence=rows_dependence(self.meta, codec_for(schema), split),

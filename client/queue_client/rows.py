@@ -9,15 +9,13 @@ batch instead; such datasets serve only whole, aligned batches (see `rows_depend
 Decoding is per request, never per file: narrow ids are widened one request at a time
 straight into the tensors handed out (`serve_rows_into`, one `copy_` per field), so the
 trainer's process spends on decoding what the batches it takes cost, and a file switch
-costs no decode at all. Trainers that take zero-copy CPU views get views of a per-file
-buffer the rows are decoded into as they are served (`views`): the buffer is allocated, and
-its pages faulted in, by the background thread that loaded the file.
+costs no decode at all. Trainers that take zero-copy CPU batches get views of the file
+where it stores the fields as served, else the rows widened into a batch's worth of memory
+of their own (`views`).
 """
 
 from __future__ import annotations
 
-import math
-import mmap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -64,8 +62,7 @@ class LoadedFile:
     rowwise: list[bool] = field(init=False)
     row_fields: list[torch.Tensor | None] = field(init=False)  # codec.field_views(row_stored)
     # Per served field, [rows, ...]: the file's own tensors when it stores the fields as
-    # served (complete), else buffers the rows are decoded into as they are served; None
-    # until a trainer asks for views.
+    # served; None when they are decoded per request.
     served: list[torch.Tensor] | None = None
     start: int = 0  # the first row to serve: later than 0 when resuming mid-file
     waited_s: float = 0.0  # how long get_batch blocked for this file
@@ -102,34 +99,12 @@ class LoadedFile:
         fields = [None if f is None else f[r0:r1] for f in self.row_fields]
         self.codec.serve_into(fields, self.stored_rows(r0, r1), outs)
 
-    def allocate_views(self, served: Sequence[tuple[torch.Size, torch.dtype]]) -> None:
-        """The per-file buffers views are decoded into (`served`: each field's row shape and
-        dtype); called in the background thread, so the trainer never faults their pages."""
-        if self.served is None:
-            self.served = [_anonymous((self.rows, *shape), dtype) for shape, dtype in served]
-
-    def views(
-        self, r0: int, r1: int, served: Sequence[tuple[torch.Size, torch.dtype]]
-    ) -> list[torch.Tensor]:
-        """Rows r0..r1's served fields as views of memory this file owns; decoded now unless
-        the file stores them as served."""
+    def views(self, r0: int, r1: int) -> list[torch.Tensor]:
+        """Rows r0..r1's served fields, for a trainer that takes zero-copy CPU batches: views
+        of the file where it stores them as served, else widened now into memory of their
+        own (a batch's worth: the allocator reuses it once the trainer lets it go, so no page
+        is faulted in steady state, and autograd may keep any batch alive safely)."""
         if self.codec.identity:
             return [t[r0:r1] for t in self.served]  # type: ignore[union-attr]  # set above
-        if self.served is None:
-            self.allocate_views(served)
-        outs = [t[r0:r1] for t in self.served]  # type: ignore[union-attr]  # just allocated
-        self.serve_rows_into(r0, r1, outs)
-        return outs
-
-
-def _anonymous(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor in memory of its own (an anonymous map, its pages faulted in
-    now), given back to the system the moment its last view goes. Buffers in malloc'd memory
-    instead leave the allocator's heap holding several files' worth once a few have gone."""
-    size = math.prod(shape) * dtype.itemsize
-    if size == 0:
-        return torch.empty(shape, dtype=dtype)
-    flags = (
-        mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_POPULATE", 0)
-    )
-    return torch.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=dtype).view(shape)
+        fields = [None if f is None else f[r0:r1] for f in self.row_fields]
+        return self.codec.serve(fields, self.stored_rows(r0, r1))

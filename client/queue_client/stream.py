@@ -4,10 +4,10 @@ A file is a run of rows (rows.py): get_batch(split, batch_size=B) takes the next
 from the end of one file and the start of the next where it must, so a trainer picks its own
 batch size, and changes it, whatever the files' unit. In steady state a call slices the
 mapped file and widens those rows into the tensors it returns (one copy_ per field): no RPC,
-no syscall, no per-sample loop. Zero-copy CPU trainers get views of a per-file buffer the
-rows are decoded into as they are served; copies (`out=`, copy=True, CUDA) start from the
+no syscall, no per-sample loop. Zero-copy CPU trainers get views of the file where it stores
+the served fields, else the rows widened into a batch's own memory; copies (`out=`, copy=True, CUDA) start from the
 stored tensors, narrow token ids and all, and widen them on the way (storage.py).
-Leasing, crc32, loading, paging in and the view buffers all happen in a background thread,
+Leasing, crc32, loading and paging in all happen in a background thread,
 one file ahead, and cost the file switch nothing: the prefetched file takes over, the
 finished one is released in the background, and the prefetch of the one after starts.
 
@@ -122,7 +122,7 @@ class SplitStream:
         *,
         plan: StreamPlan | None,
         seq_stride: int,
-        prefetch: bool,
+        prefetch: int,
         timeout_s: float,
         clock: Callable[[], float],
         dependence: str = "",
@@ -139,11 +139,8 @@ class SplitStream:
         self.row_served = [(torch.Size(f.shape), torch_dtype(f.dtype)) for f in schema]
         # Why a batch must be the file's own (empty: any size, rows cross files freely).
         self.dependence = dependence or rows_dependence({}, self.codec)
-        # Set once a trainer took zero-copy views: from then on each file's view buffers are
-        # allocated in the prefetch thread.
-        self._wants_served = False
         self.stride = seq_stride
-        self.prefetch = prefetch
+        self.prefetch = int(prefetch)  # files fetched ahead of the one being read
         self.timeout_s = timeout_s
         self._clock = clock
         # Deterministic streams know their seqs; best-effort ones (plan None) take any file.
@@ -151,8 +148,9 @@ class SplitStream:
         self._next_seq: int | None = plan.next_seq if plan else None
         self.current: LoadedFile | None = None
         self.row = 0  # the next row of the current file
-        self._pending: Future[LoadedFile] | None = None
-        self._pending_item: tuple[int, int] | None = None
+        # Files being prefetched, in reading order: each job and the (seq, first row) it reads
+        # (None for best-effort streams).
+        self._pending: deque[tuple[Future[LoadedFile], tuple[int, int] | None]] = deque()
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
         """What a batch of `size` rows is served as: (shape, dtype) per field."""
@@ -177,8 +175,7 @@ class SplitStream:
             return self._crossing(transfer, size)
         self.row = r1
         if transfer.serves_views:
-            self._wants_served = True
-            return cur.views(r0, r1, self.row_served)
+            return cur.views(r0, r1)
         return transfer.deliver(cur.stored_batch(r0, r1))
 
     def next_into(self, transfer: Transfer, outs: list[torch.Tensor]) -> None:
@@ -201,8 +198,7 @@ class SplitStream:
         if len(segments) == 1:
             f, a, b, _ = segments[0]
             if transfer.serves_views:
-                self._wants_served = True
-                return f.views(a, b, self.row_served)
+                return f.views(a, b)
             return transfer.deliver(f.stored_batch(a, b))
         if transfer.serves_views:
             outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.served(size)]
@@ -245,35 +241,50 @@ class SplitStream:
             self._next_seq = seq + self.stride
         return seq, 0, False
 
-    def _submit(self) -> Future[LoadedFile]:
+    def _submit(self) -> None:
         seq, offset, carried = self._take()
-        self._pending_item = None if seq is None else (seq, offset)
-        return self.source.executor.submit(self._fetch, seq, offset, carried)
+        job = self.source.executor.submit(self._fetch, seq, offset, carried)
+        self._pending.append((job, None if seq is None else (seq, offset)))
 
     def _advance(self) -> None:
-        pending = self._pending if self._pending is not None else self._submit()
-        self._pending = None
+        if not self._pending:
+            self._submit()
+        job, item = self._pending.popleft()
         began = self._clock()
         try:
-            loaded = pending.result()
+            loaded = job.result()
         except BaseException:
-            # Nothing of that file was read: keep it first in line, so a retried get_batch
-            # asks for the same file again instead of skipping it.
-            if self._pending_item is not None:
-                self._plan.appendleft(self._pending_item)
-                self._pending_item = None
+            # Nothing of that file was read: keep it first in line (and the prefetched files
+            # after it, given back), so a retried get_batch asks for the same files again
+            # instead of skipping any.
+            self._give_back_pending(item)
             raise
         loaded.waited_s = self._clock() - began
         old, self.current = self.current, loaded
         self.row = min(loaded.start, loaded.rows)
-        self._pending_item = None
-        if self.prefetch:
-            self._pending = self._submit()
+        while len(self._pending) < self.prefetch:
+            self._submit()
         if old is not None:
             # The release job holds the finished file last, so it is unmapped off this thread
             # (a batch taking its last rows holds it too, as long as it needs them).
             self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
             del old
+
+    def _give_back_pending(self, first: tuple[int, int] | None = None) -> None:
+        """Return every prefetched file unread and put them (after `first`) back in line."""
+        items = [first] if first is not None else []
+        while self._pending:
+            job, item = self._pending.popleft()
+            if item is not None:
+                items.append(item)
+            if job.cancel():
+                continue
+            try:
+                loaded = job.result(timeout=self.timeout_s)
+            except BaseException:
+                continue
+            self.source.release(loaded.lease, RETURNED)
+        self._plan.extendleft(reversed(items))
 
     def _fetch(self, seq: int | None, start: int, carried: bool) -> LoadedFile:
         deadline = self._clock() + self.timeout_s
@@ -328,10 +339,7 @@ class SplitStream:
         tensors = [batch_file.stored[name] for name in codec.stored_names]
         if not streamed:  # streamed tensors were just written: their pages are in memory
             _prefault(tensors)
-        loaded = LoadedFile(ref, lease.seq, lease.num_batches, lease.batch_size, codec, tensors)
-        if self._wants_served:
-            loaded.allocate_views(self.row_served)
-        return loaded
+        return LoadedFile(ref, lease.seq, lease.num_batches, lease.batch_size, codec, tensors)
 
     def _map(self, lease: pb.Lease) -> tuple[str, BatchFile]:
         """Verify the leased file under data_root and map it: (its path, the file)."""
@@ -376,8 +384,7 @@ class SplitStream:
         cur = self.current
         if cur is not None and self.row < cur.rows:
             items.append((cur.seq, self.row))
-        if self._pending_item is not None:
-            items.append(self._pending_item)
+        items.extend(item for _, item in self._pending if item is not None)
         items.extend(self._plan)
         assert self._next_seq is not None, "best-effort streams have no plan"
         return StreamPlan(tuple(items), self._next_seq).normalized(self.stride)
@@ -386,7 +393,7 @@ class SplitStream:
         """A snapshot of where the stream stands; see StreamView. Cheap, and changes nothing."""
         pending, cur = self._pending, self.current
         next_file: Literal["none", "loading", "ready"] = (
-            "none" if pending is None else "ready" if pending.done() else "loading"
+            "none" if not pending else "ready" if pending[0][0].done() else "loading"
         )
         if cur is None:
             return StreamView(self.split, None, 0, 0, next_file)
@@ -397,14 +404,7 @@ class SplitStream:
 
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            try:
-                loaded = pending.result(timeout=self.timeout_s)
-            except BaseException:
-                loaded = None
-            if loaded is not None:
-                self.source.release(loaded.lease, RETURNED)
+        self._give_back_pending()
         cur, self.current = self.current, None
         if cur is not None:
             self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
