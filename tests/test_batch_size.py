@@ -180,3 +180,18 @@ def test_a_changed_batch_size_keeps_the_files(start_server, tmp_path: Path) -> N
     changed.write_text(config(batch_size=4, batches_per_file=3))
     proc = serve_once(changed, root)
     assert proc.returncode == 2 and "queue-server reset d" in proc.stderr, proc.stderr
+
+
+def test_a_queue_dataset_takes_a_batch_size(server: Any) -> None:
+    from torch.utils.data import DataLoader
+
+    from queue_client import QueueDataset
+
+    ref = reference(server.address, 2)
+    with QueueDataset(
+        server.address, "d", "train", rank=0, world_size=1, batch_size=8, max_batches=3
+    ) as ds:
+        got = [tuple(r) for x, _ in DataLoader(ds, batch_size=None) for r in x.tolist()]
+    assert got == ref[:24]
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1 or None, got 0"):
+        QueueDataset(server.address, "d", batch_size=0)

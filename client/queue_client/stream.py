@@ -8,7 +8,7 @@ no syscall, no per-sample loop. Zero-copy CPU trainers get views of the file whe
 the served fields, else the rows widened into a batch's own memory; copies (`out=`, copy=True, CUDA) start from the
 stored tensors, narrow token ids and all, and widen them on the way (storage.py).
 Leasing, crc32, loading and paging in all happen in a background thread,
-one file ahead, and cost the file switch nothing: the prefetched file takes over, the
+`prefetch_files` ahead, and cost the file switch nothing: the prefetched file takes over, the
 finished one is released in the background, and the prefetch of the one after starts.
 
 With transport "grpc" the background thread streams the file instead of mapping it
@@ -151,6 +151,7 @@ class SplitStream:
         # Files being prefetched, in reading order: each job and the (seq, first row) it reads
         # (None for best-effort streams).
         self._pending: deque[tuple[Future[LoadedFile], tuple[int, int] | None]] = deque()
+        self._finished: list[LoadedFile] = []  # read to their end, not yet released
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
         """What a batch of `size` rows is served as: (shape, dtype) per field."""
@@ -187,6 +188,7 @@ class SplitStream:
         if cur is None or r1 > cur.rows:
             for f, a, b, at in self._segments(size):
                 transfer.deliver_into(f.stored_batch(a, b), [o[at : at + b - a] for o in outs])
+            self._after_switch()
             return
         self.row = r1
         transfer.deliver_into(cur.stored_batch(r0, r1), outs)
@@ -198,15 +200,19 @@ class SplitStream:
         if len(segments) == 1:
             f, a, b, _ = segments[0]
             if transfer.serves_views:
-                return f.views(a, b)
-            return transfer.deliver(f.stored_batch(a, b))
-        if transfer.serves_views:
+                outs = f.views(a, b)
+            else:
+                outs = transfer.deliver(f.stored_batch(a, b))
+        elif transfer.serves_views:
             outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.served(size)]
             for f, a, b, at in segments:
                 f.serve_rows_into(a, b, [o[at : at + b - a] for o in outs])
-            return outs
-        parts = [transfer.deliver(f.stored_batch(a, b)) for f, a, b, _ in segments]
-        return [torch.cat(p) for p in zip(*parts, strict=True)]
+        else:
+            parts = [transfer.deliver(f.stored_batch(a, b)) for f, a, b, _ in segments]
+            outs = [torch.cat(p) for p in zip(*parts, strict=True)]
+        del segments
+        self._after_switch()
+        return outs
 
     def _segments(self, size: int) -> list[tuple[LoadedFile, int, int, int]]:
         """Take `size` rows, opening files as needed: (file, first row, end row, where they
@@ -260,15 +266,22 @@ class SplitStream:
             self._give_back_pending(item)
             raise
         loaded.waited_s = self._clock() - began
-        old, self.current = self.current, loaded
+        if self.current is not None:
+            self._finished.append(self.current)
+        self.current = loaded
         self.row = min(loaded.start, loaded.rows)
+
+    def _after_switch(self) -> None:
+        """Release the finished files and prefetch the next ones: after the batch that
+        switched files is made, so the background threads this wakes take no GIL or core
+        from that call."""
         while len(self._pending) < self.prefetch:
             self._submit()
-        if old is not None:
-            # The release job holds the finished file last, so it is unmapped off this thread
-            # (a batch taking its last rows holds it too, as long as it needs them).
+        finished, self._finished = self._finished, []
+        for old in finished:
+            # The release job holds the finished file last, so it is unmapped off this thread.
             self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
-            del old
+        del finished
 
     def _give_back_pending(self, first: tuple[int, int] | None = None) -> None:
         """Return every prefetched file unread and put them (after `first`) back in line."""
@@ -405,6 +418,9 @@ class SplitStream:
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread."""
         self._give_back_pending()
+        finished, self._finished = self._finished, []
+        for old in finished:
+            self.source.release(old.lease, CONSUMED)
         cur, self.current = self.current, None
         if cur is not None:
             self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
