@@ -146,14 +146,26 @@ def test_out_buffers_take_any_batch_size(server: Any) -> None:
             client.get_batch("train", batch_size=0)
 
 
-def test_a_grad_accumulation_layout_refuses_another_batch_size(start_server) -> None:
-    server = start_server(config(batch_size=3, provider="GradAccumProvider"))
+def test_a_grad_accumulation_layout_refuses_another_batch_size(
+    start_server, tmp_path: Path
+) -> None:
+    """[A, B, T] batches are one optimizer step each: another size is refused, naming why,
+    and a changed batch_size in the config still changes the files (refused until reset)."""
+    from test_safe_rebuilds import serve_once
+
+    root = tmp_path / "root"
+    server = start_server(config(batch_size=3, provider="GradAccumProvider"), data_root=root)
     with QueueClient(server.address, "d") as client:
         x, _ = client.get_batch("train")
         assert tuple(x.shape) == (3, 2, 4)
         with pytest.raises(InvalidRequest, match=r"not batch_size=2: .*grad_accum = 3"):
             client.get_batch("train", batch_size=2)
         assert tuple(client.get_batch("train", batch_size=3)[0].shape) == (3, 2, 4)
+    server.stop()
+    changed = tmp_path / "changed.toml"
+    changed.write_text(config(batch_size=2, provider="GradAccumProvider"))
+    proc = serve_once(changed, root)
+    assert proc.returncode == 2 and "queue-server reset d" in proc.stderr, proc.stderr
 
 
 def test_a_changed_batch_size_keeps_the_files(start_server, tmp_path: Path) -> None:
