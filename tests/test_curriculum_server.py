@@ -271,6 +271,20 @@ def test_a_killed_server_resumes_the_curriculum_exactly(start_server, tmp_path: 
     assert torch.equal(again, reference[NB : 3 * NB])
 
 
+def test_a_composed_split_serves_its_files_batch_size_only(shared) -> None:
+    """A curriculum split's batches are composed whole: another batch_size is refused,
+    naming why, before anything is leased; the fifo dataset beside it takes any size."""
+    server, _ = shared
+    with QueueClient(server.address, "natural") as client:
+        assert client.meta["composed_splits"] == ["train"]
+        with pytest.raises(errors.InvalidRequest, match="curriculum split, whose batches are"):
+            client.get_batch("train", batch_size=client.batch_size + 1)
+    with QueueClient(server.address, "fifo") as client:
+        assert "composed_splits" not in client.meta
+        x, _ = client.get_batch("train", batch_size=client.batch_size + 1)
+        assert x.shape[0] == client.batch_size + 1
+
+
 def test_set_curriculum_on_a_fifo_dataset_is_refused_by_name(shared) -> None:
     server, _ = shared
     with QueueClient(server.address, "fifo") as client:
