@@ -147,7 +147,8 @@ def test_same_config_and_calls_give_the_same_batches(shared) -> None:
     server, _ = shared
     runs = []
     for name, pause in (("same_a", False), ("same_b", True)):
-        with QueueClient(server.address, name) as client:
+        # One file prefetched: the window of BACKLOG files then stays free to run ahead in.
+        with QueueClient(server.address, name, prefetch_files=1) as client:
             first = take(client, 2 * NB + 3)
             if pause:  # let composition run ahead as far as the window allows
                 wait_until(

@@ -315,7 +315,7 @@ def test_killed_client_leases_come_back_and_the_books_balance(faults) -> None:
     script = f"""
         import sys
         from queue_client import QueueClient
-        c = QueueClient("{server.address}", "tiny")
+        c = QueueClient("{server.address}", "tiny", prefetch_files=1)
         x, _ = c.get_batch("val")
         print(x[0].tolist(), flush=True)
         sys.stdin.read()
