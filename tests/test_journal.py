@@ -278,3 +278,31 @@ def test_a_journal_missing_at_start_beside_batch_files_fails_the_dataset_by_name
     assert again.health("batchqueue.v1.BatchQueue/d") == NOT_SERVING
     assert f"the journal {path} is missing" in again.log()
     assert sorted(p.name for p in qdir.iterdir()) == files and not path.exists()
+
+
+def test_a_start_keeps_the_journaled_files_and_removes_the_unjournaled_ones(
+    tmp_path: Path,
+) -> None:
+    """What a stop can leave: a file a worker published while the server was cancelling its
+    job (never journaled), and a consumed file whose deletion the stop overtook. The next
+    start keeps exactly the journal's view: nothing journaled is lost, nothing else stays."""
+    from queue_client.batchfile import BatchFileName
+    from queue_server.reconcile import reconcile
+    from queue_server.split_state import SplitState
+
+    files, quarantine = tmp_path / "queue", tmp_path / "quarantine"
+    files.mkdir()
+    names = {seq: str(BatchFileName(1_000 + seq, seq, 2)) for seq in range(4)}
+    for name in names.values():
+        (files / name).write_bytes(b"batch")
+    journal = Journal(tmp_path / "journal" / "train.jsonl")
+    for seq in (0, 1, 2):
+        journal.append(Produced(seq, names[seq], 5, 0, 0, True))
+    journal.append(Consumed(0, 1))
+    journal.close()
+    state = SplitState()
+    with Journal(journal.path) as again:
+        reconcile(files, quarantine, again, state)
+    assert sorted(state.files) == [1, 2]
+    assert sorted(os.listdir(files)) == [names[1], names[2]]
+    assert state.counters.orphans_removed == 2  # seq 0 (consumed) and seq 3 (unjournaled)

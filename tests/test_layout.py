@@ -494,6 +494,14 @@ ALLOWED: dict[tuple[str, str], str] = {
         "providers/queue_providers/nanogpt_bin.py",
         'self.data_dir / f"{split}.bin"',
     ): "nanoGPT's train.bin/val.bin input files; outside the data root",
+    (
+        "providers/queue_providers/token_shards/megatron.py",
+        'path.with_suffix(".bin")',
+    ): "a Megatron dataset's .bin input file beside its .idx; outside the data root",
+    (
+        "providers/queue_providers/token_shards/megatron.py",
+        'path.with_suffix(".idx")',
+    ): "a Megatron dataset's .idx input file beside its .bin; outside the data root",
 }
 
 

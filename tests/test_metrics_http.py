@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import char_config, wait_until
 from queue_client import QueueClient
+from queue_server.testing import ServerProcess
 
 
 def _get(address: str, path: str) -> tuple[int, str]:
@@ -108,3 +109,29 @@ def test_metrics_count_tokens_and_worker_memory_without_bogus_series(
     assert status == 200 and "_created" not in text
     buckets = [dict(labels)["le"] for name, labels in samples if name.endswith("_bucket")]
     assert buckets and "0.0" not in buckets and "+Inf" in buckets
+
+
+def test_a_second_server_on_the_same_metrics_address_exits_naming_it(
+    start_server, corpus: Path, tmp_path: Path
+) -> None:
+    """Several servers on one host each need their own --metrics-listen: the second one on an
+    address in use exits with code 1 and a message naming the address and the setting, and
+    the first one serves on."""
+    first = start_server(char_config(corpus))
+    taken = first.metrics_address
+    second = ServerProcess(
+        tmp_path / "second",
+        data_root=tmp_path / "second-root",
+        config_text=char_config(corpus),
+        metrics_listen=taken,
+    )
+    try:
+        assert second.wait_exit(120) == 1, second.log()
+    finally:
+        second.kill()
+    said = second.log()
+    assert f"cannot listen for /metrics and /healthz on {taken}" in said, said
+    assert "--metrics-listen" in said and "address already in use" in said, said
+    assert "Traceback" not in said, said
+    with urllib.request.urlopen(f"http://{taken}/healthz", timeout=30) as reply:
+        assert reply.status == 200

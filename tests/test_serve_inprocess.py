@@ -159,18 +159,31 @@ def test_the_data_root_is_consistent_after_exit_and_serves_again(
     lock = DataRootLock(root)
     lock.acquire()
     lock.release()
-    # The journal replays, and it and the queue agree: every file on disk is journaled (a
-    # consumed one whose deletion the stop overtook is removed at the next start), and every
-    # file journaled as produced and not consumed is on disk: nothing is lost.
+    # The journal replays, and nothing is lost: every file journaled as produced and not
+    # consumed is on disk.
     layout = DatasetLayout(root, "chars")
     with Journal(layout.journal_file("train")) as journal:
         summary = journal.replay()
-    on_disk = {n.seq for n in scan_queue(layout.queue_dir("train"))}
+    names = scan_queue(layout.queue_dir("train"))
+    on_disk = {n.seq for n in names}
     waiting = set(summary.produced) - summary.consumed
     assert summary.consumed_count >= 1 and waiting  # releases are sent in the background
-    assert on_disk <= set(summary.produced) | summary.consumed and waiting <= on_disk
+    assert waiting <= on_disk
+    # A file on disk that the journal does not know is NOT a lost one, and may be there: the
+    # stop cancels the files in production, and a worker that renamed its file into place
+    # just before the server closed its socket leaves it published but never journaled
+    # (journal first, memory after: the line comes after the worker's reply). Such a file is
+    # only ever a seq the server was making past every journaled one, and the next start
+    # removes it (reconcile.py) and makes that seq again, identically. A consumed file whose
+    # deletion the stop overtook is on disk too, and goes the same way. (One worker here, so
+    # seqs are made in order and the one in flight is past every journaled one.)
+    journaled = set(summary.produced) | summary.consumed
+    unjournaled = [n for n in names if n.seq not in journaled]
+    assert all(n.seq > max(journaled) for n in unjournaled), (unjournaled, summary.produced)
     with serve(config, data_root=root) as address:
         assert read_batches(address, 2) == [(4, 16)] * 2
+        left = {str(n) for n in scan_queue(layout.queue_dir("train"))}
+        assert not left & {str(n) for n in unjournaled}, left  # removed by the start
 
 
 def test_a_bad_config_raises_in_the_caller_with_the_message(

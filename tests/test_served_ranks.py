@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,36 @@ def test_rank_specs(spec: object, world_size: int, environ: dict, expected: Serv
         ("launcher", 0, {"NODE_RANK": "x", "NPROC_PER_NODE": "2"}, "NODE_RANK='x' is not the"),
         ("launcher", 0, {"GROUP_RANK": "2", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4"},
          "ranks 4-5 lie outside [0, world_size=4)"),
+        ("0-\u00b2", 4, {}, "server.ranks = '0-\u00b2' is invalid"),  # a digit int() refuses
+        # Only plain decimal digits: int() would read each of these as a number.
+        ("launcher", 0, {"NODE_RANK": "1_0", "NPROC_PER_NODE": "2", "WORLD_SIZE": "40"},
+         "NODE_RANK='1_0' is not the node's rank (plain decimal digits"),
+        ("launcher", 0, {"NODE_RANK": " 1", "NPROC_PER_NODE": "2", "WORLD_SIZE": "4"},
+         "NODE_RANK=' 1' is not"),
+        ("launcher", 0, {"NODE_RANK": "+1", "NPROC_PER_NODE": "2", "WORLD_SIZE": "4"},
+         "NODE_RANK='+1' is not"),
+        ("launcher", 0, {"NODE_RANK": "\u0661", "NPROC_PER_NODE": "2", "WORLD_SIZE": "4"},
+         "NODE_RANK='\u0661' is not"),  # ARABIC-INDIC DIGIT ONE
+        ("launcher", 0, {"NODE_RANK": "0", "LOCAL_WORLD_SIZE": "2_0", "WORLD_SIZE": "40"},
+         "LOCAL_WORLD_SIZE='2_0' is not the ranks per node"),
+        ("launcher", 0, {"NODE_RANK": "0", "NPROC_PER_NODE": "2", "WORLD_SIZE": "1_6"},
+         "WORLD_SIZE='1_6' is not the world size"),
+        # Numbers past their bounds are refused before any set of ranks is built.
+        ("launcher", 0, {"NODE_RANK": "0", "LOCAL_WORLD_SIZE": "100000000", "WORLD_SIZE": "4"},
+         "LOCAL_WORLD_SIZE='100000000' is not the ranks per node (plain decimal digits, an "
+         "integer in [1, 65536])"),
+        ("launcher", 0, {"NODE_RANK": "0", "LOCAL_WORLD_SIZE": "9" * 5000, "WORLD_SIZE": "4"},
+         "LOCAL_WORLD_SIZE='999"),
+        ("launcher", 0, {"NODE_RANK": "65536", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "4"},
+         "NODE_RANK='65536' is not the node's rank (plain decimal digits, an integer in "
+         "[0, 65535])"),
+        ("launcher", 0, {"NODE_RANK": "0", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "65537"},
+         "WORLD_SIZE='65537' is not the world size"),
+        ("launcher", 0, {"NODE_RANK": "0", "LOCAL_WORLD_SIZE": "65536", "NNODES": "2"},
+         "NNODES=2 times LOCAL_WORLD_SIZE=65536 is a world size of 131072, above 65536"),
+        ("launcher", 0, {"NODE_RANK": "65535", "LOCAL_WORLD_SIZE": "65536", "WORLD_SIZE": "8"},
+         "ranks 4294901760-4294967295 lie outside [0, world_size=8) (NODE_RANK=65535, "
+         "LOCAL_WORLD_SIZE=65536"),
     ],
 )  # fmt: skip
 def test_bad_rank_specs_name_the_key_or_the_variable(
@@ -71,6 +102,17 @@ def test_bad_rank_specs_name_the_key_or_the_variable(
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         resolve(spec, world_size, environ)  # type: ignore[arg-type]
+
+
+def test_a_huge_launcher_world_is_refused_at_once() -> None:
+    """Checked before anything is built: no time or memory goes to a set of 10^8 ranks."""
+    began = time.perf_counter()
+    for local in ("10000000", "100000000"):
+        with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE"):
+            resolve("launcher", 0, {"NODE_RANK": "0", "LOCAL_WORLD_SIZE": local, "NNODES": "1"})
+    with pytest.raises(ConfigError, match="lie outside"):
+        resolve("launcher", 8, {"NODE_RANK": "65535", "LOCAL_WORLD_SIZE": "65536"})
+    assert time.perf_counter() - began < 1.0
 
 
 def test_ranks_are_shown_folded() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from queue_client.layout import DatasetLayout
 from queue_client.meta import split_schema, validate_meta
 from queue_client.schema import FieldSpec, check_tensors
 from queue_client.storage import BatchCodec, codec_for
-from queue_providers.inputs import describe_inputs, inputs_fingerprint, path_args
+from queue_providers.inputs import Input, describe_inputs, inputs_fingerprint, path_args
 from queue_providers.seeding import derive_seed, torch_generator
 from queue_providers.token_ids import IdRange, check_ids, id_ranges
 
@@ -76,6 +76,9 @@ class ProviderContext:
 
 class DataProviderBase(abc.ABC):
     """Base of every provider. Subclasses take their config args as keyword-only parameters."""
+
+    # The config args as the worker received them, set by the registry after construction.
+    _config_args: dict[str, Any]
 
     def __init__(self, context: ProviderContext) -> None:
         self.context = context
@@ -111,7 +114,7 @@ class DataProviderBase(abc.ABC):
     def batch_size(self) -> int:
         return self.context.batch_size
 
-    def input_files(self) -> list[Path]:
+    def input_files(self) -> Sequence[Input]:
         """Every file the dataset is made from (corpus, tokenizer, label files): a dataset dir
         is refused once any of them changes. The default is every existing file a config arg
         names, and every file under a directory one names; a provider that knows its inputs

@@ -30,6 +30,7 @@ from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.char_lm import stdlib_corpus
 from queue_providers.compact import labels, token_ids
+from queue_providers.inputs import Input
 from queue_providers.remote import read_text, resolve, shown, store_for
 from queue_providers.tokenized.rows import IGNORE_INDEX
 
@@ -128,6 +129,7 @@ class CharDiffusionProvider(DataProviderBase):
         self.stages = parse_stages(stages)
         # Stage boundaries in batches: stage k covers [ends[k-1], ends[k]).
         self._ends = list(itertools.accumulate(s.batches or 0 for s in self.stages[:-1]))
+        self._inputs: Sequence[Input]
         if input is None:
             (text, self._inputs), self.source = stdlib_corpus(), "python-stdlib"
         else:
@@ -154,7 +156,7 @@ class CharDiffusionProvider(DataProviderBase):
         self._offsets = torch.arange(block_size)
         self._next_batch: dict[str, int] = {}
 
-    def input_files(self) -> list[Path]:
+    def input_files(self) -> Sequence[Input]:
         """The text file, or the standard library files the default text was read from."""
         return list(self._inputs)
 

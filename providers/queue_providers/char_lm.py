@@ -10,6 +10,7 @@ library, which exists wherever Python does, so the default dataset needs no down
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema
+from queue_providers.inputs import Input
 from queue_providers.remote import read_text, resolve, shown, store_for
 
 # The first stdlib modules in sorted order, up to this many characters: big enough to train
@@ -72,6 +74,7 @@ class CharLMProvider(DataProviderBase):
         if not 0.0 < train_fraction < 1.0:
             raise ConfigError(f"train_fraction must lie in (0, 1), got {train_fraction!r}")
         self.block_size = block_size
+        self._inputs: Sequence[Input]
         if input is None:
             (text, self._inputs), self.source = stdlib_corpus(), "python-stdlib"
         else:
@@ -100,7 +103,7 @@ class CharLMProvider(DataProviderBase):
                 )
         self._offsets = torch.arange(block_size + 1)
 
-    def input_files(self) -> list[Path]:
+    def input_files(self) -> Sequence[Input]:
         """The text file, or the standard library files the default text was read from."""
         return list(self._inputs)
 

@@ -14,6 +14,10 @@ An input at a URL (queue_providers.remote) is recorded by its URL without secret
 and its identity: the version id, content hash, ETag or modification time its server gives
 (fsspec info()), read when the provider listed it. Fetching a remote object to hash it at
 every start would cost a download, and the server's own identity changes whenever its bytes do.
+
+An input a provider declares as `StatOnly` (token_shards' shards: terabytes) is never hashed:
+its record is its size and mtime, or a checksum its own manifest gives, so a touch of it
+counts as a change.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +40,23 @@ _CHUNK_BYTES = 1 << 20
 _HASH_THREADS = 4
 
 InputRecords = dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StatOnly:
+    """A local input recorded by its size and mtime, never read: for corpora too large to hash
+    at a start (terabytes of token shards). A touch counts as a change. When the input's own
+    index gives a checksum (a prepared corpus's manifest), that stands for its content."""
+
+    path: Path
+    sha256: str | None = None
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+
 # What input_files() may hold: local paths, objects at URLs, or URLs as config strings.
-Input = Path | str | RemoteObject | RemotePath
+Input = Path | str | RemoteObject | RemotePath | StatOnly
 
 
 def sha256_file(path: Path) -> str:
@@ -67,6 +87,9 @@ def describe_inputs(
             obj = path if isinstance(path, RemoteObject) else _listed(str(path))
             records[obj.shown] = {"size": obj.size, "version": obj.identity}
             continue
+        if isinstance(path, StatOnly):
+            records[os.fspath(path)] = _stat_record(path)
+            continue
         key = os.fspath(path)
         try:
             st = os.stat(key)
@@ -84,6 +107,16 @@ def describe_inputs(
             for key, digest in zip(to_hash, pool.map(_hash_or_raise, to_hash), strict=True):
                 records[key]["sha256"] = digest
     return records
+
+
+def _stat_record(item: StatOnly) -> dict[str, Any]:
+    key = os.fspath(item)
+    try:
+        st = os.stat(key)
+    except OSError as exc:
+        raise ConfigError(f"input {_shown(key)} cannot be read: {exc.strerror}") from None
+    version = f"sha256:{item.sha256}" if item.sha256 else f"mtime_ns:{st.st_mtime_ns}"
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "version": version}
 
 
 def _listed(url: str) -> RemoteObject:

@@ -22,7 +22,8 @@ from queue_client.errors import ConfigError
 from queue_client.meta import loads_plain
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema
-from queue_providers.remote import input_path, local_file, store_for
+from queue_providers.inputs import Input
+from queue_providers.remote import RemotePath, input_path, local_file, store_for
 
 # What nanoGPT's openwebtext and shakespeare (BPE) sets hold when they have no meta.pkl.
 GPT2_VOCAB_SIZE = 50257
@@ -33,7 +34,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
 
 
-def read_nanogpt_meta(path: Path) -> dict[str, Any]:
+def read_nanogpt_meta(path: Path | RemotePath) -> dict[str, Any]:
     """nanoGPT's meta.pkl, read as plain data only (no code runs while loading it)."""
     try:
         meta = loads_plain(path.read_bytes())
@@ -90,15 +91,18 @@ class NanoGPTBinProvider(DataProviderBase):
             raise ConfigError(f"nanogpt_bin: vocab_size must be a positive int, got {vocab_size!r}")
         self.vocab_size = vocab_size
         self.dtype = token_dtype(vocab_size)
-        self.paths: dict[str, Path] = {}
+        self.paths: dict[str, Path | RemotePath] = {}
         self.tokens: dict[str, int] = {}
         for split in splits:
             path = self.data_dir / f"{split}.bin"
             self.paths[split], self.tokens[split] = path, self._count_tokens(path)
+        copies = [p.object() for p in self.paths.values() if isinstance(p, RemotePath)]
+        if copies:  # every split is memory-mapped at once: their local copies must fit together
+            store.check_room(copies, "nanogpt_bin")
         self._maps: dict[str, np.memmap] = {}
         self._offsets = torch.arange(block_size + 1)
 
-    def _count_tokens(self, path: Path) -> int:
+    def _count_tokens(self, path: Path | RemotePath) -> int:
         if not path.is_file():
             raise ConfigError(
                 f"nanogpt_bin: {path} is missing (each split needs SPLIT.bin in data_dir)"
@@ -117,7 +121,7 @@ class NanoGPTBinProvider(DataProviderBase):
             )
         return n
 
-    def input_files(self) -> list[Path]:
+    def input_files(self) -> Sequence[Input]:
         """Each split's .bin and nanoGPT's meta.pkl (its vocab), not the rest of data_dir."""
         meta_path = self.data_dir / "meta.pkl"
         return [*self.paths.values(), *([meta_path] if meta_path.is_file() else [])]

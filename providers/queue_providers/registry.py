@@ -21,6 +21,7 @@ BUILTIN: dict[str, str] = {
     "nanogpt_bin": "queue_providers.nanogpt_bin:NanoGPTBinProvider",
     "text_lm": "queue_providers.text_lm:TextLMProvider",
     "token_classification": "queue_providers.token_classification:TokenClassificationProvider",
+    "token_shards": "queue_providers.token_shards:TokenShardsProvider",
 }
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError, MetaError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import packed_lm_schema
+from queue_providers.inputs import Input
 from queue_providers.remote import RemoteSettings, RemoteStore
 from queue_providers.text.corpus import open_corpus
 from queue_providers.text.errors import CorpusError
@@ -142,7 +142,7 @@ class TextLMProvider(DataProviderBase):
         self._streams: dict[str, SplitStream] = {}
 
     # ---- meta -------------------------------------------------------------------------------
-    def input_files(self) -> list[Path]:
+    def input_files(self) -> Sequence[Input]:
         """The corpus files and the tokenizer's files (the snapshot under the dataset keeps
         serving consistent, but a replaced tokenizer means the config asks for other data)."""
         tokenizer = tokenizer_files(

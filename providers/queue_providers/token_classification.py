@@ -145,7 +145,7 @@ class TokenClassificationProvider(TokenizedProvider[Sentence]):
             check_columns(
                 num_columns, token_column, tag_column, where=f"{WHO}: num_columns={num_columns}"
             )
-        self.columns = {
+        self.columns: dict[str, Any] = {
             "token_column": token_column,
             "tag_column": tag_column,
             "num_columns": num_columns,

@@ -22,6 +22,7 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from queue_client.errors import ConfigError, InvalidRequest
 from queue_client.layout import atomic_write
@@ -76,7 +77,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> ServerConfig:
     config = load_config(args.config)
-    overrides: dict[str, object] = {"verbose": args.verbose}
+    overrides: dict[str, Any] = {"verbose": args.verbose}
     if args.data_root is not None:
         overrides["data_root"] = args.data_root.expanduser().resolve()
     if args.listen is not None:

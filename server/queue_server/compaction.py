@@ -149,7 +149,7 @@ class Written:
 
 def _line(f: object, offset: int) -> bytes:
     f.seek(offset)  # type: ignore[attr-defined]
-    return f.readline()  # type: ignore[attr-defined, no-any-return]
+    return f.readline()  # type: ignore[attr-defined]
 
 
 def _has_states(journal: Journal, offset: int) -> bool:

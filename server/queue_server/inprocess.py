@@ -17,6 +17,11 @@ missing corpus, a changed input, a dataset that failed) raises in the caller wit
 own message. On exit the server is stopped gracefully (SIGTERM: leases end, workers stop,
 journals are closed), so the data root is left as a restarted server expects it.
 
+The server also ends with its caller: it watches a pipe whose only write end the caller holds
+(parent_watch.py), so a caller that dies without leaving the block (SIGKILL, a crash) closes
+it, and the server stops the same graceful way, then removes its private folder. No orphan
+keeps the port, the workers, or the data root's lock.
+
 `python -m queue_server.inprocess --spec SPEC.json ...` is the child's entry point, and it is
 `queue-server` itself: the config crosses as the plain tables of a TOML file (config_tables.py)
 plus the folder that relative paths are relative to, so a config that never was a file keeps
@@ -31,9 +36,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -47,6 +54,7 @@ from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.config import DatasetConfig, ServerConfig, parse_config
 from queue_server.config_tables import check_json, server_tables
 from queue_server.dataset import FAILED
+from queue_server.parent_watch import ParentPipe, watch_parent
 from queue_server.testing import ServerExited, ServerProcess, wait_until
 
 if sys.version_info >= (3, 11):
@@ -64,6 +72,8 @@ _SAID = "queue-server: "
 _CONFIG_ERROR = _SAID + "config error: "
 # How long a server whose dataset failed gets to stop and print its reason.
 _EXIT_AFTER_FAILURE_S = 30.0
+# How long a server whose caller is gone gets for its graceful stop.
+_ORPHAN_STOP_S = 60.0
 
 
 class ServeError(RuntimeError):
@@ -216,17 +226,22 @@ def serve(
     timeout_s); the server is stopped before either reaches the caller."""
     workdir = Path(tempfile.mkdtemp(prefix="batchqueue-"))
     server: ServerProcess | None = None
+    pipe: ParentPipe | None = None
     try:
         parsed, spec = _prepare(config, workdir, data_root, verbose)
         if listen is None:
             listen = f"unix:{workdir / SOCKET_FILE}" if unix_socket else "127.0.0.1:0"
+        pipe = ParentPipe()
+        args = ("--spec", str(spec), "--parent-pipe", str(pipe.read_fd))
         server = ServerProcess(
             workdir,
             data_root=parsed.data_root,
             listen=listen,
-            args=("--spec", str(spec), "--metrics-listen", metrics_listen),
+            args=(*args, "--metrics-listen", metrics_listen),
             command=CHILD_COMMAND,
+            pass_fds=(pipe.read_fd,),
         )
+        pipe.child_started()
         _wait_started(server, [d.name for d in parsed.datasets], timeout_s)
         yield server.address
     finally:
@@ -234,6 +249,8 @@ def serve(
             if server is not None:
                 server.stop()
         finally:
+            if pipe is not None:
+                pipe.close()
             shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -255,13 +272,22 @@ async def serve_async(config: ConfigSource, **kwargs: Any) -> AsyncIterator[str]
 # ---- the child ----------------------------------------------------------------------------------
 
 
+def _stop_before_serving(signum: int, frame: object) -> None:
+    """SIGTERM before the server's own handler is in place (or after it is gone): exit,
+    through the `finally` blocks, instead of dying at once."""
+    raise SystemExit(128 + signum)
+
+
 def _child_main(argv: list[str]) -> int:
     """The server process: `queue-server` itself (its flags, logging, shutdown and exit codes),
-    with its config loader handing over the spec's config instead of reading a TOML file."""
+    with its config loader handing over the spec's config instead of reading a TOML file.
+    With --parent-pipe it stops (SIGTERM to itself, the graceful stop) once its parent is
+    gone, and then removes the private folder its parent made, which nobody else will."""
     from queue_server import cli
 
     p = argparse.ArgumentParser(prog="python -m queue_server.inprocess", add_help=False)
     p.add_argument("--spec", type=Path, required=True)
+    p.add_argument("--parent-pipe", type=int)
     args, rest = p.parse_known_args(argv)
     spec = json.loads(args.spec.read_text(encoding="utf-8"))
 
@@ -270,7 +296,26 @@ def _child_main(argv: list[str]) -> int:
 
     cli.load_config = spec_config  # in this process only
     verbose = ["-v"] if spec.get("verbose") else []
-    return cli.main([*rest, "--config", str(args.spec), *verbose])
+    parent_gone = threading.Event()
+    if args.parent_pipe is not None:
+        signal.signal(signal.SIGTERM, _stop_before_serving)
+
+        def on_parent_gone() -> None:
+            parent_gone.set()
+            os.kill(os.getpid(), signal.SIGTERM)
+            # A stop that hangs is a bug, but no orphan may hold the port and the lock for
+            # it: past this, exit at once (workers exit with the server's end of their
+            # sockets, and the kernel drops the lock).
+            watchdog = threading.Timer(_ORPHAN_STOP_S, os._exit, args=(1,))
+            watchdog.daemon = True
+            watchdog.start()
+
+        watch_parent(args.parent_pipe, on_parent_gone)
+    try:
+        return cli.main([*rest, "--config", str(args.spec), *verbose])
+    finally:
+        if parent_gone.is_set():
+            shutil.rmtree(args.spec.parent, ignore_errors=True)
 
 
 __all__ = ["ServeError", "serve", "serve_async"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -161,9 +162,9 @@ class QueueCollector:
                 )
                 for worker, pid in enumerate(snap.worker_pids):
                     rss.add_metric([name, split, str(worker)], self.rss.get(pid, 0))
-                for attr, family in curriculum.items():
+                for attr, gauge in curriculum.items():
                     if snap.curriculum is not None and attr in snap.curriculum:
-                        family.add_metric(key, float(snap.curriculum[attr]))
+                        gauge.add_metric(key, float(snap.curriculum[attr]))
         yield up
         yield from gauges.values()
         yield from curriculum.values()
@@ -177,7 +178,7 @@ class MetricsServer:
         disable_created_metrics()  # process-wide: no `_created` series anywhere
         self.registry = CollectorRegistry()
         self.collector = QueueCollector(datasets)
-        self.registry.register(self.collector)  # type: ignore[arg-type]
+        self.registry.register(self.collector)
         self.wait_seconds = Histogram(
             "batchqueue_get_batch_wait_seconds",
             "How long get_batch blocked at a file boundary, as reported by clients",
@@ -191,14 +192,27 @@ class MetricsServer:
         self.address = ""
 
     async def start(self) -> str:
+        """Listen; OSError naming the address and the setting when it cannot (most often a
+        second server on the host left at the default address)."""
         listen = parse_listen(self._listen)
+        try:
+            if listen.unix_path:
+                self._server = await asyncio.start_unix_server(self._handle, path=listen.unix_path)
+            else:
+                self._server = await asyncio.start_server(
+                    self._handle, host=listen.host, port=listen.port
+                )
+        except OSError as exc:
+            why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise OSError(
+                f"cannot listen for /metrics and /healthz on {self._listen} "
+                f"(server.metrics_listen, --metrics-listen): {why}; another "
+                "process, such as a second queue-server on this host, may hold it: give each "
+                'server its own --metrics-listen, or "" to turn the listener off',
+            ) from None
         if listen.unix_path:
-            self._server = await asyncio.start_unix_server(self._handle, path=listen.unix_path)
             self.address = f"unix:{listen.unix_path}"
         else:
-            self._server = await asyncio.start_server(
-                self._handle, host=listen.host, port=listen.port
-            )
             port = self._server.sockets[0].getsockname()[1]
             self.address = f"{listen.host}:{port}"
         return self.address

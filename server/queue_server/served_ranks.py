@@ -11,6 +11,7 @@ Pure: the environment is passed in, so every rule is testable with a dict.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,9 @@ MAX_WORLD_SIZE = 65536
 # Where torchrun and common launch scripts put the node's rank and its number of ranks.
 NODE_RANK_VARS = ("GROUP_RANK", "NODE_RANK")
 LOCAL_WORLD_VARS = ("LOCAL_WORLD_SIZE", "NPROC_PER_NODE")
+# A number as a launcher writes one. Python's int() also takes "1_0", " 7", "+3" and other
+# scripts' digits: none is a number a launcher wrote, so each is refused, not guessed at.
+_DECIMAL = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ def _parse_list(text: str, key: str) -> set[int]:
     ranks: set[int] = set()
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        if not _DECIMAL.fullmatch(low) or (dash and not _DECIMAL.fullmatch(high)):
             raise ConfigError(f"{key} = {text!r} is invalid: expected {expected}")
         first, last = int(low), int(high) if dash else int(low)
         if last < first:
@@ -128,42 +132,67 @@ def _parse_list(text: str, key: str) -> set[int]:
 
 
 def _from_launcher(environ: Mapping[str, str], world_size: int, key: str) -> tuple[set[int], int]:
-    """This node's ranks: node_rank * local .. node_rank * local + local - 1."""
-    node = _env_int(environ, NODE_RANK_VARS, key, "the node's rank", minimum=0)
-    local = _env_int(environ, LOCAL_WORLD_VARS, key, "the ranks per node", minimum=1)
+    """This node's ranks: node_rank * local .. node_rank * local + local - 1. Every number is
+    checked against its bounds before any set of ranks is built."""
+    node_var, node = _env_int(
+        environ, NODE_RANK_VARS, key, "the node's rank", 0, MAX_WORLD_SIZE - 1
+    )
+    local_var, local = _env_int(
+        environ, LOCAL_WORLD_VARS, key, "the ranks per node", 1, MAX_WORLD_SIZE
+    )
     if world_size == 0:
         if environ.get("WORLD_SIZE"):
-            world_size = _env_int(environ, ("WORLD_SIZE",), key, "the world size", minimum=1)
+            _, world_size = _env_int(
+                environ, ("WORLD_SIZE",), key, "the world size", 1, MAX_WORLD_SIZE
+            )
         elif environ.get("NNODES"):
-            nodes = _env_int(environ, ("NNODES",), key, "the number of nodes", minimum=1)
+            _, nodes = _env_int(environ, ("NNODES",), key, "the number of nodes", 1, MAX_WORLD_SIZE)
             world_size = nodes * local
+            if world_size > MAX_WORLD_SIZE:
+                raise ConfigError(
+                    f'{key} = "launcher": NNODES={nodes} times {local_var}={local} is a world '
+                    f"size of {world_size}, above {MAX_WORLD_SIZE}"
+                )
         else:
             raise ConfigError(
                 f'{key} = "launcher" needs the world size: set WORLD_SIZE or NNODES in the '
                 "server's environment, or server.world_size (--world-size)"
             )
-    if world_size > MAX_WORLD_SIZE:
-        raise ConfigError(f"the launcher's world size {world_size} is above {MAX_WORLD_SIZE}")
-    return set(range(node * local, (node + 1) * local)), world_size
+    first, last = node * local, node * local + local - 1
+    if last >= world_size:
+        low = max(first, world_size)
+        outside = str(low) if low == last else f"{low}-{last}"
+        raise ConfigError(
+            f'{key} = "launcher" is invalid: ranks {outside} lie outside [0, world_size='
+            f"{world_size}) ({node_var}={node}, {local_var}={local}: this node's ranks would "
+            f"be {first}-{last})"
+        )
+    return set(range(first, last + 1)), world_size
 
 
 def _env_int(
-    environ: Mapping[str, str], names: tuple[str, ...], key: str, what: str, minimum: int
-) -> int:
-    """The first of `names` that is set, as an int >= minimum; ConfigError naming them."""
+    environ: Mapping[str, str],
+    names: tuple[str, ...],
+    key: str,
+    what: str,
+    minimum: int,
+    maximum: int,
+) -> tuple[str, int]:
+    """The first of `names` that is set, and its value: plain decimal digits, an integer in
+    [minimum, maximum]; ConfigError naming the variable and its value otherwise."""
     for name in names:
         raw = environ.get(name, "")
         if raw == "":
             continue
-        try:
+        # Bounded by its length first: int() of a long string of digits costs time.
+        if _DECIMAL.fullmatch(raw) and len(raw) <= len(str(maximum)):
             value = int(raw)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise ConfigError(
-                f'{key} = "launcher": {name}={raw!r} is not {what} (an integer >= {minimum})'
-            )
-        return value
+            if minimum <= value <= maximum:
+                return name, value
+        raise ConfigError(
+            f'{key} = "launcher": {name}={raw!r} is not {what} (plain decimal digits, an '
+            f"integer in [{minimum}, {maximum}])"
+        )
     raise ConfigError(
         f'{key} = "launcher" needs {what}: set {" or ".join(names)} in the server\'s '
         "environment (torchrun's names), or list the ranks in server.ranks"

@@ -83,6 +83,7 @@ class ServerProcess:
     `keep_serving` adds --keep-serving: a failed dataset is reported, not an exit with code 2.
     `own_process_group` starts it in a process group of its own (with its workers), so that
     `signal_group` can send a signal to all of them, as a terminal's Ctrl-C does.
+    `pass_fds` are descriptors the process inherits (as subprocess.Popen's pass_fds).
     """
 
     def __init__(
@@ -98,6 +99,7 @@ class ServerProcess:
         keep_serving: bool = False,
         own_process_group: bool = False,
         metrics_listen: str | None = "127.0.0.1:0",
+        pass_fds: Sequence[int] = (),
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
@@ -127,6 +129,7 @@ class ServerProcess:
                 env=dict(env),
                 cwd=workdir,
                 start_new_session=own_process_group,
+                pass_fds=tuple(pass_fds),
             )
         self.pid = self.proc.pid
         self.address = ""  # set by wait_bound

@@ -15,6 +15,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from queue_providers.text.errors import CorpusError
 from queue_providers.text.files import SourceFile
@@ -99,7 +100,7 @@ def make_chunks(
     ]
     total = sum(weights)
     target = min(max(total / (num_workers * CHUNKS_PER_WORKER), 1.0), MAX_CHUNK_BYTES)
-    chunks = []
+    chunks: list[Any] = []
     for r, w in zip(ranges, weights, strict=True):
         n = min(r.end - r.start, max(1, math.ceil(w / target)))
         span = r.end - r.start

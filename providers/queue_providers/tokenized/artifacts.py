@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -38,12 +38,14 @@ def cache_key(kind: str, *parts: object) -> str:
     return f"{kind}-{hashlib.blake2b(repr(parts).encode(), digest_size=10).hexdigest()}"
 
 
+def _npy_writer(arr: np.ndarray) -> Callable[[BinaryIO], None]:
+    """A writer of one array as .npy, bound to that array (not to a loop variable)."""
+    return lambda f: np.save(f, np.ascontiguousarray(arr))
+
+
 def _save(directory: Path, arrays: dict[str, np.ndarray], info: dict[str, Any]) -> None:
     for name, arr in arrays.items():
-        atomic_write(
-            artifact_array_file(directory, name),
-            lambda f, a=arr: np.save(f, np.ascontiguousarray(a)),
-        )
+        atomic_write(artifact_array_file(directory, name), _npy_writer(arr))
     atomic_write(artifact_info_file(directory), json.dumps(info, sort_keys=True).encode())
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from queue_client.errors import ConfigError
-from queue_providers.remote import RemoteObject, RemoteStore, local_file, shown
+from queue_providers.remote import RemoteObject, RemoteStore, local_files, shown
 from queue_providers.text.files import SourceFile, arrow_table
 
 # What a column may hold, by kind: a test on its Arrow type, and the words errors use.
@@ -133,11 +133,13 @@ def _table(f: SourceFile, columns: Sequence[Column], rows: HFRows, split: str) -
         if f.format == "arrow":
             table = arrow_table(f.path)
         elif f.format == "parquet":
-            table = pq.read_table(local_file(f.path))
+            with local_files([f.path]) as (path,):
+                table = pq.read_table(path)
         elif f.format == "jsonl":
             # A block must hold a whole line: the file's size, so no row is too long to read.
             block = max(1 << 20, min(f.size + 1, (1 << 31) - 1))
-            table = pj.read_json(local_file(f.path), read_options=pj.ReadOptions(block_size=block))
+            with local_files([f.path]) as (path,):
+                table = pj.read_json(path, read_options=pj.ReadOptions(block_size=block))
         else:  # hf_source gives only these three
             raise ConfigError(f"{shown(f.path)}: {rows.who} cannot read {f.format!r} files")
     except ConfigError:

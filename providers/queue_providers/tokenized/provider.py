@@ -28,10 +28,11 @@ import torch
 
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.inputs import Input
 from queue_providers.remote import (
     RemoteStore,
     input_path,
-    local_file,
+    local_files,
     store_for,
 )
 from queue_providers.remote import (
@@ -189,7 +190,7 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
     def check_info(self, info: Mapping[str, Any]) -> None:
         """Refuse arrays that cannot be sampled from, naming the split (ConfigError)."""
 
-    def input_files(self) -> list[Path]:
+    def input_files(self) -> Sequence[Input]:
         """The input files (or the dataset's), the val input files and the tokenizer file."""
         hf = self.hf.locations() if self.hf is not None else []
         return [*self.inputs, *(self.val_inputs or []), *hf, self.tok.path]
@@ -210,10 +211,13 @@ class TokenizedProvider(DataProviderBase, Generic[Item]):
             val = self.read_rows(self.hf, "val") if self.hf.has_val else None
             return self.read_rows(self.hf, "train"), val
         # URL inputs are read from local copies in the input cache, by path like the rest.
-        train = self.read([local_file(p) for p in self.inputs])
+        # A split's copies are held (never evicted) while it is read, then may be evicted.
+        with local_files(self.inputs) as paths:
+            train = self.read(paths)
         if self.val_inputs is None:
             return train, None
-        return train, self.read([local_file(p) for p in self.val_inputs])
+        with local_files(self.val_inputs) as paths:
+            return train, self.read(paths)
 
     def _build(self) -> tuple[Arrays, dict[str, Any]]:
         train, val = self._read_splits()

@@ -397,7 +397,7 @@ class Composer:
             "index": self.index,
             "born": self.born,
         }
-        atomic_write(path, lambda f: np.savez(f, **arrays))
+        atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
 
     def restore(self, path: Path) -> None:
         with np.load(path, allow_pickle=False) as z:

@@ -45,7 +45,7 @@ def input_bytes(inputs: Iterable[object]) -> int | None:
         size = getattr(item, "size", None)
         if not isinstance(size, int):
             try:
-                size = os.stat(item).st_size if isinstance(item, (str, Path)) else None  # type: ignore[arg-type]
+                size = os.stat(item).st_size if isinstance(item, (str, Path)) else None
             except OSError:
                 size = None
         if isinstance(size, int):
