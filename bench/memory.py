@@ -1,8 +1,9 @@
 """Row 6: memory. The client's RSS against its cache window, and the server's with full backlogs.
 
-The client maps the file it reads and the prefetched next one; at a file boundary the finished
-file is unmapped by the background release job, so for a moment three files are mapped. Its
-window is therefore three files. Each client runs in
+The client maps the file it reads and the prefetch_files (2) prefetched next ones; at a file
+boundary the finished file is unmapped by the background release job, so for a moment four
+files are mapped. Its window is therefore four files (counted at their served int64 size,
+four times what a format-2 file maps: no file is decoded whole). Each client runs in
 its own process, reads every byte of every batch (as a copy to the GPU would) and samples its
 RSS at each file boundary: bounded means its peak RSS (VmHWM) above the baseline stays within
 the window, and the RSS floor does not rise with the number of files read. The prefetched file
@@ -32,6 +33,7 @@ from queue_server.testing import ServerProcess, wait_until
 
 B, T = 12, 1024
 BACKLOG, DEEP_BACKLOG = 2, 8
+_WINDOW_FILES = 4  # the file read, 2 prefetched (QueueClient's prefetch_files), 1 finished
 _SLACK_MB = 16.0  # allocator and Python noise allowed above the window
 TEXT_WORKER_GOAL_MB = 350.0
 BPE_VOCAB = 8192
@@ -140,7 +142,7 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
             raise RuntimeError(f"memory client mem_nb{nb}: {report['error']}")
         base = report["base"]["VmRSS"]
         rss = [a["VmRSS"] for a in report["after"]]
-        window = 3 * _file_mb(nb)
+        window = _WINDOW_FILES * _file_mb(nb)
         above = max(report["end"]["VmHWM"], *rss) - base  # the peak, not only file ends
         half = max(1, len(rss) // 2)
         # A leak lifts the later floor above everything seen early on; one file more or less
@@ -153,7 +155,7 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
                 f"client RSS above baseline, files of {nb} batches ({_file_mb(nb):.0f} MiB)",
                 above,
                 "MiB",
-                "cache window (3 files)",
+                f"cache window ({_WINDOW_FILES} files)",
                 window,
                 "MiB",
                 above / window,

@@ -61,7 +61,9 @@ class FileWalker:
             f"the prefetch of the next {self.split} file",
             poll_s=0.001,
         )
-        self.server.wait_ready_files(self.dataset, self.backlog, self.split, timeout_s)
+        # Files the client prefetches beyond the next one are leased out of the backlog.
+        deeper = getattr(self.client, "prefetch_files", 1) - 1
+        self.server.wait_ready_files(self.dataset, self.backlog - deeper, self.split, timeout_s)
 
     def time_rest_of_file(
         self, keep: list | None = None, out: tuple | None = None

@@ -51,9 +51,9 @@ def test_stats_json_shows_backlog_rates_and_each_ranks_leases(start_server, corp
     ):
         r0.get_batch("train")
         r1.get_batch("train")
-        # Each rank holds the file it reads and the prefetched next one.
+        # Each rank holds the file it reads and the 2 prefetched next ones.
         wait_until(
-            lambda: server.split_stats("chars")["leased_files"] == 4,
+            lambda: server.split_stats("chars")["leased_files"] == 6,
             what="both ranks' prefetched leases",
         )
         doc = ok_json(
@@ -61,7 +61,7 @@ def test_stats_json_shows_backlog_rates_and_each_ranks_leases(start_server, corp
         )
         train = split_of(doc, "chars", "train")
         assert doc["datasets"][0]["state"] == "serving" and train["world_size"] == 2
-        assert [(r["rank"], r["files_leased"]) for r in train["ranks"]] == [(0, 2), (1, 2)]
+        assert [(r["rank"], r["files_leased"]) for r in train["ranks"]] == [(0, 3), (1, 3)]
         assert all(r["lag_files"] >= 2 and r["last_consumed_seq"] == -1 for r in train["ranks"])
         assert train["backlog_limit"] == 3 * 2 and train["backlog_files"] == train["ready_files"]
         assert train["produced_per_s"] is None  # one snapshot: no rate

@@ -487,10 +487,10 @@ def _same(a: list[Any], b: list[Any]) -> bool:
 def test_views_out_buffers_and_copies_serve_the_same_batches(
     start_server, corpus: Path, tmp_path: Path
 ) -> None:
-    """Zero-copy views (of files decoded in the background), get_batch(out=...) (one widening
-    copy per field, from the narrow views) and copy=True give the same batches in the served
+    """Zero-copy calls (each widening its own rows), get_batch(out=...) (one widening copy
+    per field, from the narrow views) and copy=True give the same batches in the served
     dtypes, across file boundaries, for x/y windows and for text_lm's derived fields; out= on
-    a client that took views copies from the decoded file, the same batches again. A wrong
+    a client that took views gives the same batches again. A wrong
     out= is refused naming the field, and costs no batch."""
     config = char_config(corpus, batches_per_file=4) + _text_lm_table(_docs(tmp_path / "d.txt"))
     server = start_server(config)
@@ -498,9 +498,14 @@ def test_views_out_buffers_and_copies_serve_the_same_batches(
         with QueueClient(server.address, dataset) as c:
             views = _read(c, "train", n)
             stream = c._streams["train"]
-            # From the second file on, files are decoded in the prefetch thread.
-            pending = stream._pending
-            assert pending is not None and pending.result(timeout=30).served is not None
+            # No file is decoded whole, ahead or at all: the prefetched one holds its stored
+            # (narrow) tensors only, and each call widens its own rows.
+            job, _ = stream._pending[0]
+            prefetched = job.result(timeout=30)
+            assert prefetched.served is None
+            assert all(
+                t.dtype in (torch.uint8, torch.uint16, torch.int32) for t in prefetched.stored
+            )
             first = views[0]
             buffers: Any = (
                 tuple(torch.empty_like(t) for t in first)

@@ -147,7 +147,8 @@ def test_same_config_and_calls_give_the_same_batches(shared) -> None:
     server, _ = shared
     runs = []
     for name, pause in (("same_a", False), ("same_b", True)):
-        with QueueClient(server.address, name) as client:
+        # One file prefetched: the window of BACKLOG files then stays free to run ahead in.
+        with QueueClient(server.address, name, prefetch_files=1) as client:
             first = take(client, 2 * NB + 3)
             if pause:  # let composition run ahead as far as the window allows
                 wait_until(
@@ -269,6 +270,20 @@ def test_a_killed_server_resumes_the_curriculum_exactly(start_server, tmp_path: 
         )
         again = take(client, 2 * NB)
     assert torch.equal(again, reference[NB : 3 * NB])
+
+
+def test_a_composed_split_serves_its_files_batch_size_only(shared) -> None:
+    """A curriculum split's batches are composed whole: another batch_size is refused,
+    naming why, before anything is leased; the fifo dataset beside it takes any size."""
+    server, _ = shared
+    with QueueClient(server.address, "natural") as client:
+        assert client.meta["composed_splits"] == ["train"]
+        with pytest.raises(errors.InvalidRequest, match="curriculum split, whose batches are"):
+            client.get_batch("train", batch_size=client.batch_size + 1)
+    with QueueClient(server.address, "fifo") as client:
+        assert "composed_splits" not in client.meta
+        x, _ = client.get_batch("train", batch_size=client.batch_size + 1)
+        assert x.shape[0] == client.batch_size + 1
 
 
 def test_set_curriculum_on_a_fifo_dataset_is_refused_by_name(shared) -> None:

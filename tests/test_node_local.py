@@ -268,7 +268,7 @@ def test_a_rank_at_the_wrong_server_is_told_which_ranks_it_serves(runs: Runs) ->
 def test_a_state_of_another_dataset_or_config_is_refused(runs: Runs) -> None:
     a, _ = runs.nodes
     state = json.loads((runs.tmp / "old-chars-r0.state").read_text())
-    assert state["version"] == 2 and state["dataset"] == "chars"
+    assert state["version"] == 3 and state["dataset"] == "chars"
     with QueueClient(a.address, "text", rank=0, world_size=4) as client:
         with pytest.raises(
             InvalidRequest, match="state is for dataset 'chars', this client reads 'text'"
@@ -279,8 +279,9 @@ def test_a_state_of_another_dataset_or_config_is_refused(runs: Runs) -> None:
         other = {**state, "config_fingerprint": "0123456789abcdef"}
         with pytest.raises(InvalidRequest, match=f"'0123456789abcdef'.*{mine}"):
             client.load_state_dict(other)
-        beyond = {**state, "splits": {"train": {**state["splits"]["train"], "offset": NB + 1}}}
-        with pytest.raises(InvalidRequest, match=f"offset {NB + 1}, but a file holds {NB}"):
+        rows = NB * client.file_batch_size  # a state's offsets count rows
+        beyond = {**state, "splits": {"train": {**state["splits"]["train"], "offset": rows + 1}}}
+        with pytest.raises(InvalidRequest, match=f"offset {rows + 1}, but a file holds {rows}"):
             client.load_state_dict(beyond)
         client.load_state_dict(state)  # the state itself loads: nothing was changed above
 

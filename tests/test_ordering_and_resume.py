@@ -25,6 +25,7 @@ from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 
 NB = 5  # batches per file in these tests
+BS = 2  # rows per batch: a state's offsets count rows
 
 
 def tiny_config(*names: str, workers: int = 1, mode: str = "deterministic", extra: str = "") -> str:
@@ -35,7 +36,7 @@ def tiny_config(*names: str, workers: int = 1, mode: str = "deterministic", extr
                 f"""
                 [datasets.{name}]
                 provider = "bq_test_providers:TinyProvider"
-                batch_size = 2
+                batch_size = {BS}
                 batches_per_file = {NB}
                 workers = {workers}
                 mode = "{mode}"
@@ -208,9 +209,9 @@ def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(
         client.load_state_dict(states[2])
         assert client.state_dict()["splits"]["train"] == {
             "seq": 5,
-            "offset": 2,
+            "offset": 2 * BS,
             "next_seq": 13,
-            "pending": [[7, 2], [9, 0], [11, 0]],
+            "pending": [[7, 2 * BS], [9, 0], [11, 0]],
         }
 
 
@@ -249,7 +250,7 @@ def test_client_survives_a_server_restart(start_server, tmp_path: Path) -> None:
         server = start_server(tiny_config("d"), data_root=root, listen=f"unix:{sock}")
         seen += [client.get_batch("train")[0].clone() for _ in range(3 * NB)]
         state = client.state_dict()["splits"]["train"]
-    assert state == {"seq": 3, "offset": 3, "next_seq": 4, "pending": []}
+    assert state == {"seq": 3, "offset": 3 * BS, "next_seq": 4, "pending": []}
     # The same stream as a client that never saw a restart.
     with QueueClient(server.address, "d") as fresh:
         for expected in seen:
@@ -313,7 +314,7 @@ def test_get_batch_after_a_timeout_skips_nothing(start_server) -> None:
         after = rank1.state_dict()["splits"]["train"]
     assert stuck["offset"] == 0 and after == {
         **stuck,
-        "offset": 1,
+        "offset": BS,
     }  # the same file, its first batch
 
 

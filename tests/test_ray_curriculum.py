@@ -72,7 +72,7 @@ def read(client: QueueClient, batches: int) -> Rows:
         at = client.state_dict()["splits"].get("train") or {"seq": 0, "offset": 0}
         x, y = client.get_batch("train")
         digest = hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest()
-        rows.append((at["seq"], at["offset"], digest))
+        rows.append((at["seq"], at["offset"] // client.file_batch_size, digest))
     return rows
 
 

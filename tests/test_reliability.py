@@ -293,9 +293,10 @@ def test_corrupted_published_file_is_quarantined_and_produced_again(faults) -> N
     with QueueClient(server.address, "tiny", timeout_s=30) as client:
         for _ in range(6):  # two whole files
             pos = client.state_dict()["splits"].get("train", {"seq": 0, "offset": 0})
-            read.append((pos["seq"], pos["offset"]))
+            offset = pos["offset"] // client.file_batch_size  # the state counts rows
+            read.append((pos["seq"], offset))
             x, _ = client.get_batch("train")
-            assert (x == expected[pos["seq"]][pos["offset"]]).all()
+            assert (x == expected[pos["seq"]][offset]).all()
     assert read == [(s, o) for s in (0, 1) for o in range(3)]
     stats = audit(
         server, "tiny", consumed_batches={"train": read}, consumed_seqs={"train": [0, 1]}
@@ -314,7 +315,7 @@ def test_killed_client_leases_come_back_and_the_books_balance(faults) -> None:
     script = f"""
         import sys
         from queue_client import QueueClient
-        c = QueueClient("{server.address}", "tiny")
+        c = QueueClient("{server.address}", "tiny", prefetch_files=1)
         x, _ = c.get_batch("val")
         print(x[0].tolist(), flush=True)
         sys.stdin.read()
@@ -387,7 +388,7 @@ with QueueClient(address, "d", reconnect_timeout_s=90, timeout_s=120) as client:
     for _ in range(total):
         pos = client.state_dict()["splits"].get("train", {"seq": 0, "offset": 0})
         client.get_batch("train")
-        print(json.dumps([pos["seq"], pos["offset"]]), flush=True)
+        print(json.dumps([pos["seq"], pos["offset"] // client.file_batch_size]), flush=True)
         time.sleep(0.01)  # a training step: the reader is slower than the provider
 """
 

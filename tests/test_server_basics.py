@@ -78,7 +78,8 @@ def test_consumed_files_are_deleted_and_backpressure_holds(start_server, corpus:
     # With no trainer, production stops at the window: 2 held + 2 ready for rank 0.
     wait_until(lambda: server.split_stats("chars")["produced_files"] >= 4, what="the first window")
     window = 4
-    with QueueClient(server.address, "chars") as client:
+    # One file prefetched, so that the window leaves files ready for the refill below.
+    with QueueClient(server.address, "chars", prefetch_files=1) as client:
         seen_max = 0
         for _ in range(5 * 12):  # 12 files of 5 batches
             client.get_batch("train")
@@ -97,15 +98,15 @@ def test_consumed_files_are_deleted_and_backpressure_holds(start_server, corpus:
 
 
 def test_prefetch_holds_the_next_file(start_server, corpus: Path) -> None:
+    """The client holds the file it reads and prefetch_files (2) more; close() returns all."""
     server = start_server(char_config(corpus))
     with QueueClient(server.address, "chars") as client:
         client.get_batch("train")
         wait_until(
-            lambda: server.split_stats("chars")["leased_files"] == 2, what="the prefetched lease"
+            lambda: server.split_stats("chars")["leased_files"] == 3, what="the prefetched leases"
         )
         ranks = server.split_stats("chars")["ranks"]
-        assert int(ranks[0]["files_leased"]) == 2
-    # close() returned both leases.
+        assert int(ranks[0]["files_leased"]) == 3
     assert server.split_stats("chars")["leased_files"] == 0
 
 

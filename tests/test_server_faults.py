@@ -125,7 +125,11 @@ def test_dataset_dir_built_from_another_config_is_refused_not_deleted(
     server.stop()
     meta = server.data_root / "chars" / "meta.pkl"
     before = meta.read_bytes()
-    server2 = start_server(char_config(corpus, batch_size=8), wait_serving=False, args=KEEP_SERVING)
+    # batches_per_file changes the files (a batch_size change alone would not: char_lm's rows
+    # are independent, so its files keep their unit; tests/test_batch_size.py shows that).
+    server2 = start_server(
+        char_config(corpus, batches_per_file=3), wait_serving=False, args=KEEP_SERVING
+    )
     wait_until(lambda: server2.stats("chars")["state"] == "failed", what="the dataset to fail")
     error = server2.stats("chars")["last_error"]
     assert "another config" in error and "nothing is deleted" in error

@@ -113,7 +113,7 @@ def test_backlog_per_rank(start_server, corpus: Path) -> None:
     # Before any client, production fills the window of world size 1 and stops. The first
     # request (world size 2, files already on disk) must set it going again by itself.
     wait_until(lambda: server.split_stats("chars")["ready_files"] == 5, what="a full window")
-    with QueueClient(server.address, "chars", rank=0, world_size=2) as r0:
+    with QueueClient(server.address, "chars", rank=0, world_size=2, prefetch_files=1) as r0:
         read(r0, 1)
 
         def backlog() -> list[tuple[int, int, int]] | None:

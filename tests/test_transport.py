@@ -415,7 +415,7 @@ with QueueClient(address, "d", transport="grpc", data_root=root, reconnect_timeo
     for _ in range(total):
         pos = client.state_dict()["splits"].get("train", {"seq": 0, "offset": 0})
         client.get_batch("train")
-        print(json.dumps([pos["seq"], pos["offset"]]), flush=True)
+        print(json.dumps([pos["seq"], pos["offset"] // client.file_batch_size]), flush=True)
 """
 
 

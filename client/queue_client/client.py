@@ -30,8 +30,10 @@ from queue_client.batchfile import check_dataset_name, check_split_name
 from queue_client.fetch import FileFetcher, check_transport, choose_transport
 from queue_client.meta import meta_from_json, split_schema
 from queue_client.resume import STATE_VERSION, StreamPlan, plan_resume
+from queue_client.rows import rows_dependence
 from queue_client.rpc import Rpc
 from queue_client.schema import FieldSpec
+from queue_client.storage import codec_for
 from queue_client.stream import LeaseRef, SplitStream, StreamView
 from queue_client.transfer import Transfer
 from queue_client.wire import batchqueue_pb2 as pb
@@ -62,6 +64,7 @@ class QueueClient:
         timeout_s: float = 60.0,
         reconnect_timeout_s: float = 30.0,
         prefetch: bool = True,
+        prefetch_files: int = 2,
         copy: bool = False,
         verify_checksums: bool = True,
         auth_token: str | None = None,
@@ -77,10 +80,18 @@ class QueueClient:
         the root id the server publishes) and streams them otherwise. `self.transport` says
         which it is. max_fetch_bytes: a streamed file bigger than this is refused; a split
         holds at most two files in memory (the one read and the prefetched one).
+        prefetch_files: files leased and loaded ahead of the one being read (with prefetch),
+        so a server slow to answer (a loaded machine) never makes a file switch wait; each
+        holds a lease and a mapped file.
         tls_ca_file: a PEM file of the certificate(s) to trust: the connection is TLS (also
         $BATCHQUEUE_TLS_CA_FILE), for a server with server.tls_cert_file.
         """
         check_transport(transport)
+        if not isinstance(prefetch_files, int) or not 1 <= prefetch_files <= 16:
+            raise errors.InvalidRequest(
+                f"prefetch_files must be an int in [1, 16], got {prefetch_files!r}"
+            )
+        self.prefetch_files = prefetch_files
         self.address = address
         self.dataset = check_dataset_name(dataset)
         self.world = World.detect(rank, world_size)
@@ -110,7 +121,11 @@ class QueueClient:
         self.meta: dict[str, Any] = meta_from_json(reply.meta_json)
         self.mode = reply.mode
         self.splits = list(reply.splits)
+        # The batch a get_batch without batch_size serves (the server's batch_size), and the
+        # files' unit (the batch_size the dataset was built with, in meta).
         self.batch_size = int(reply.batch_size)
+        unit = self.meta.get("batch_size")
+        self.file_batch_size = unit if isinstance(unit, int) and unit > 0 else self.batch_size
         self._lease_ttl_s = max(reply.lease_ttl_ms / 1000, 0.1)
         root = (
             data_root
@@ -126,7 +141,10 @@ class QueueClient:
                 address,
             )
         self._transfer = Transfer(self.device, copy=copy)
-        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="queue-client")
+        # Prefetch jobs of two splits, and the releases beside them.
+        self.executor = ThreadPoolExecutor(
+            max_workers=2 * prefetch_files + 2, thread_name_prefix="queue-client"
+        )
         self._streams: dict[str, SplitStream] = {}
         self._resume: dict[str, StreamPlan] = {}
         self._held: dict[int, LeaseRef] = {}
@@ -135,8 +153,16 @@ class QueueClient:
         self._renewer: threading.Thread | None = None
 
     # ---- what a training script calls -----------------------------------------------------
-    def get_batch(self, split: str, out: Batch | None = None) -> Batch:
+    def get_batch(
+        self, split: str, out: Batch | None = None, *, batch_size: int | None = None
+    ) -> Batch:
         """The next batch of `split`: (X, Y) for x/y schemas, else a dict of tensors.
+
+        batch_size: the rows of this batch (default: the server's batch_size). Any size, per
+        call: a batch takes the next rows of the stream, from the end of one file and the
+        start of the next where it must, and state_dict() records rows, so a batch-size ramp
+        resumes exactly. A dataset whose batches are made whole (grad-accumulation [A, B, T]
+        layouts, curriculum splits) serves only its files' size, and says why otherwise.
 
         With `out` (the same structure, tensors of the batch's shapes and dtypes, on this
         client's device), the batch is copied into those tensors and `out` is returned: a
@@ -148,20 +174,29 @@ class QueueClient:
         stream = self._streams.get(split)
         if stream is None:
             stream = self._open_stream(split)
+        if batch_size is None:
+            size = self.batch_size
+        else:
+            if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+                raise errors.InvalidRequest(f"batch_size must be an int >= 1, got {batch_size!r}")
+            size = batch_size
+        if size != self.file_batch_size:
+            stream.check_size(size)
         if out is not None:
-            return self._copy_into(stream, out)
-        tensors = stream.next_batch(self._transfer)
+            return self._copy_into(stream, out, size)
+        tensors = stream.next_batch(self._transfer, size)
         if stream.xy:
             return tensors[0], tensors[1]
         return dict(zip(stream.names, tensors, strict=True))
 
-    def _copy_into(self, stream: SplitStream, out: Batch) -> Batch:
+    def _copy_into(self, stream: SplitStream, out: Batch, size: int) -> Batch:
         targets = list(out) if isinstance(out, tuple) else [out.get(n) for n in stream.names]
         if isinstance(out, tuple) != stream.xy or len(targets) != len(stream.names):
             want = "an (X, Y) tuple" if stream.xy else f"a dict with {stream.names}"
             raise errors.SchemaMismatch(f"out= must be {want} for split {stream.split!r}")
         checked: list[torch.Tensor] = []
-        for name, target, (shape, dtype) in zip(stream.names, targets, stream.served, strict=True):
+        served = stream.served(size)
+        for name, target, (shape, dtype) in zip(stream.names, targets, served, strict=True):
             if (
                 not isinstance(target, torch.Tensor)
                 or target.dtype is not dtype
@@ -262,9 +297,10 @@ class QueueClient:
     def state_dict(self) -> dict[str, Any]:
         """Where each split's stream stands: small and JSON-serialisable, for checkpoints.
 
-        Per split: the file of the next batch (`seq`) and the batch in it (`offset`), the files
-        to read after it before the plain stride resumes (`pending`, empty unless resumed at
-        another world size) and `next_seq`. Prefetched files are not consumed; a resume reads
+        Per split: the file of the next row (`seq`) and the row in it (`offset`, in rows
+        since state version 3), the files to read after it before the plain stride resumes
+        (`pending`, empty unless resumed at another world size) and `next_seq`; and the rows
+        of a file (`rows_per_file`). Prefetched files are not consumed; a resume reads
         them again. The dataset and its config fingerprint say what the seqs are seqs of: the
         state resumes on any servers of that data (fresh ones too), and no others.
         """
@@ -284,6 +320,7 @@ class QueueClient:
             "config_fingerprint": str(self.meta.get("config_fingerprint", "")),
             "rank": self.world.rank,
             "world_size": w,
+            "rows_per_file": self.file_batch_size * self._batches_per_file(),
             "splits": splits,
         }
 
@@ -300,13 +337,14 @@ class QueueClient:
             raise errors.InvalidRequest(
                 f"dataset {self.dataset!r} is served best-effort, which has no exact resume"
             )
-        nb = self.meta.get("batches_per_file")
+        nb = self._batches_per_file()
         plans = plan_resume(
             state,
             self.world,
             self.dataset,
             fingerprint=str(self.meta.get("config_fingerprint") or "") or None,
-            batches_per_file=nb if isinstance(nb, int) and nb > 0 else None,
+            batches_per_file=nb or None,
+            file_batch_size=self.file_batch_size,
         )
         unknown = sorted(set(plans) - set(self.splits))
         if unknown:
@@ -341,6 +379,10 @@ class QueueClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _batches_per_file(self) -> int:
+        nb = self.meta.get("batches_per_file")
+        return nb if isinstance(nb, int) and nb > 0 else 0
+
     # ---- streams ----------------------------------------------------------------------------
     def _check_split(self, split: str) -> None:
         check_split_name(split)
@@ -356,15 +398,17 @@ class QueueClient:
         plan: StreamPlan | None = None
         if self.mode == "deterministic":
             plan = self._resume.pop(split, StreamPlan((), self.world.rank))
+        schema = split_schema(self.meta, split)
         stream = SplitStream(
             self,
             split,
-            split_schema(self.meta, split),
+            schema,
             plan=plan,
             seq_stride=self.world.world_size,
-            prefetch=self.prefetch,
+            prefetch=self.prefetch_files if self.prefetch else 0,
             timeout_s=self.timeout_s,
             clock=time.monotonic,
+            dependence=rows_dependence(self.meta, codec_for(schema), split),
         )
         self._streams[split] = stream
         return stream

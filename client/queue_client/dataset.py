@@ -4,7 +4,9 @@
     for x, y in DataLoader(ds, batch_size=None, num_workers=2, pin_memory=True):
         ...
 
-Batches are already batched, so use `batch_size=None`. The QueueClient is created inside
+Batches are already batched, so use `batch_size=None` in the DataLoader; the rows of each
+come from the dataset's `batch_size` (default: the server's; any size where rows are
+independent, see QueueClient.get_batch). The QueueClient is created inside
 `__iter__`, in the process that iterates (a DataLoader worker or the main process), and is
 never pickled: a client's channel and threads do not survive fork or pickling.
 
@@ -53,7 +55,8 @@ def worker_world(trainer: World, worker_id: int, num_workers: int) -> World:
 class QueueDataset(IterableDataset[Batch]):
     """Batches of one split, each (X, Y) or a dict of tensors as the schema says.
 
-    `client_kwargs` go to QueueClient (timeout_s, data_root, auth_token, ...). `copy` None
+    `batch_size`: the rows of each batch (None: the server's batch_size). `client_kwargs`
+    go to QueueClient (timeout_s, data_root, auth_token, ...). `copy` None
     means: copy each batch out of the memory-mapped file in DataLoader workers (a view would
     send its whole file to the main process), hand out zero-copy views in the main process.
     """
@@ -68,11 +71,16 @@ class QueueDataset(IterableDataset[Batch]):
         world_size: int | None = None,
         max_batches: int | None = None,
         copy: bool | None = None,
+        batch_size: int | None = None,
         **client_kwargs: Any,
     ) -> None:
         super().__init__()
         if max_batches is not None and max_batches < 0:
             raise ValueError(f"max_batches {max_batches} must be >= 0 or None")
+        if batch_size is not None and (
+            not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
         if "device" in client_kwargs:
             raise TypeError(
                 "QueueDataset yields CPU batches; move them with .to(device) (and pin_memory=True)"
@@ -83,6 +91,7 @@ class QueueDataset(IterableDataset[Batch]):
         self.trainer = World.detect(rank, world_size)
         self.max_batches = max_batches
         self.copy = copy
+        self.batch_size = batch_size
         self.client_kwargs = client_kwargs
         self._client: QueueClient | None = None
         self._client_pid: int | None = None
@@ -123,7 +132,7 @@ class QueueDataset(IterableDataset[Batch]):
         client = self.client()
         n = 0
         while self.max_batches is None or n < self.max_batches:
-            yield client.get_batch(self.split)
+            yield client.get_batch(self.split, batch_size=self.batch_size)
             n += 1
 
     # ---- checkpoints ------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """From a checkpointed client state to each split's reading plan, at any world size.
 
-A rank's stream of one split is a plan: a few explicit files, each from a batch offset,
+A rank's stream of one split is a plan: a few explicit files, each from a row offset,
 then the strided seqs next_seq, next_seq + W, next_seq + 2W, ... A fresh stream is the plan
 ([], rank). The state saved per split is the same plan, written as the file of the next batch
-(`seq`, `offset`), the files after it (`pending`) and `next_seq`.
+(`seq`, `offset`), the files after it (`pending`) and `next_seq`. Offsets count rows (state
+version 3), so a trainer that changes its batch size (a ramp) resumes exactly; a state of
+version 1 or 2 counted batches of the file's unit, and is read as that many rows each.
 
 Elastic resume, from W ranks to W' ranks. Take every old rank's remaining stream (from all W
 states, or derived from one state when ranks step in lockstep, as DDP ranks do: each rank is
@@ -30,9 +32,11 @@ from queue_client.batchfile import MAX_SEQ
 from queue_client.errors import InvalidRequest
 from queue_client.world import World
 
-STATE_VERSION = 2  # 2 added config_fingerprint; version 1 states still load
+# 2 added config_fingerprint; 3 counts offsets in rows, not batches. Versions 1 and 2 still load.
+STATE_VERSION = 3
 _KEYS = ("version", "dataset", "rank", "world_size", "splits")
 _KEYS_SINCE = {2: ("config_fingerprint",)}
+_ROWS_SINCE = 3
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,10 @@ class StreamPlan:
 
 
 def _plan_from_state(
-    split: str, pos: Mapping[str, Any], batches_per_file: int | None = None
+    split: str, pos: Mapping[str, Any], rows_per_file: int | None = None, unit: str = "rows"
 ) -> StreamPlan:
     """The plan a state's position of one split describes; an offset past the end of a file
-    of batches_per_file batches is refused (it names no batch of that file)."""
+    of rows_per_file rows (or batches, `unit`) is refused (it names no row of that file)."""
 
     def nat(value: Any, what: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SEQ:
@@ -82,10 +86,10 @@ def _plan_from_state(
 
     def offset_in(seq: int, value: Any, what: str) -> int:
         offset = nat(value, what)
-        if batches_per_file is not None and offset > batches_per_file:
+        if rows_per_file is not None and offset > rows_per_file:
             raise InvalidRequest(
                 f"state of split {split!r}: seq {seq} at {what} {offset}, but a file holds "
-                f"{batches_per_file} batches, so an offset lies in [0, {batches_per_file}]: "
+                f"{rows_per_file} {unit}, so an offset lies in [0, {rows_per_file}]: "
                 "the state belongs to another config, or was edited"
             )
         return offset
@@ -107,7 +111,14 @@ def _plan_from_state(
     return StreamPlan(tuple(items), next_seq)
 
 
-def _check_state(state: Any, dataset: str, fingerprint: str | None) -> Mapping[str, Any]:
+def _check_state(
+    state: Any,
+    dataset: str,
+    fingerprint: str | None,
+    batches_per_file: int | None = None,
+    file_batch_size: int = 1,
+) -> Mapping[str, Any]:
+    """The state checked, with its offsets in rows whatever its version."""
     if not isinstance(state, Mapping):
         raise InvalidRequest(
             f"state must be a dict from QueueClient.state_dict(), got {type(state).__name__}"
@@ -143,11 +154,39 @@ def _check_state(state: Any, dataset: str, fingerprint: str | None) -> Mapping[s
     World(state["rank"], state["world_size"])
     if not isinstance(state["splits"], Mapping):
         raise InvalidRequest("state['splits'] must be a dict of split name to position")
-    return state
+    rows = None if batches_per_file is None else batches_per_file * file_batch_size
+    saved_rows = state.get("rows_per_file")
+    if version >= _ROWS_SINCE and saved_rows is not None and rows and saved_rows != rows:
+        raise InvalidRequest(
+            f"state of dataset {dataset!r} counts {saved_rows!r} rows per file, but the "
+            f"server's files hold {rows}: the state belongs to another config of it"
+        )
+    if version >= _ROWS_SINCE:
+        return state
+    return _batches_to_rows(state, batches_per_file, file_batch_size)
+
+
+def _batches_to_rows(
+    state: Mapping[str, Any], batches_per_file: int | None, file_batch_size: int
+) -> Mapping[str, Any]:
+    """A state of version 1 or 2 (offsets in batches of the file's unit) in rows."""
+    splits = {}
+    for split, pos in state["splits"].items():
+        if not isinstance(pos, Mapping):
+            raise InvalidRequest(f"state of split {split!r} must be a dict, got {pos!r}")
+        plan = _plan_from_state(split, pos, batches_per_file, unit="batches")
+        items = [(seq, offset * file_batch_size) for seq, offset in plan.items]
+        splits[split] = {
+            "seq": items[0][0],
+            "offset": items[0][1],
+            "next_seq": plan.next_seq,
+            "pending": [list(i) for i in items[1:]],
+        }
+    return {**state, "version": STATE_VERSION, "splits": splits}
 
 
 def _lockstep_states(
-    state: Mapping[str, Any], batches_per_file: int | None
+    state: Mapping[str, Any], rows_per_file: int | None
 ) -> list[Mapping[str, Any]]:
     """Every rank's state from one rank's, assuming each rank read as many batches."""
     w, q = state["world_size"], state["rank"]
@@ -155,7 +194,7 @@ def _lockstep_states(
     for r in range(w):
         splits = {}
         for split, pos in state["splits"].items():
-            plan = _plan_from_state(split, pos, batches_per_file)
+            plan = _plan_from_state(split, pos, rows_per_file)
             if (
                 len(plan.items) != 1
                 or plan.next_seq != plan.items[0][0] + w
@@ -200,19 +239,24 @@ def plan_resume(
     *,
     fingerprint: str | None = None,
     batches_per_file: int | None = None,
+    file_batch_size: int = 1,
 ) -> dict[str, StreamPlan]:
-    """{split: plan} for this rank, from one rank's state or a list of every rank's state.
+    """{split: plan} for this rank, from one rank's state or a list of every rank's state;
+    a plan's offsets count rows.
 
     fingerprint: the served dataset's config fingerprint (meta's "config_fingerprint"); a
-    state saved under another is refused. batches_per_file: offsets past it are refused."""
-    nb = batches_per_file
+    state saved under another is refused. batches_per_file and file_batch_size: the files'
+    shape; offsets past a file's end are refused, and the batch offsets of old states
+    (version 1 and 2) are read as that many batches of file_batch_size rows."""
+    nb = None if batches_per_file is None else batches_per_file * file_batch_size
+    fb = file_batch_size
     if isinstance(state, Mapping):
-        state = _check_state(state, dataset, fingerprint)
+        state = _check_state(state, dataset, fingerprint, batches_per_file, fb)
         if state["world_size"] == world.world_size and state["rank"] == world.rank:
             return {split: _plan_from_state(split, p, nb) for split, p in state["splits"].items()}
         states: list[Mapping[str, Any]] = _lockstep_states(state, nb)
     else:
-        states = [_check_state(s, dataset, fingerprint) for s in state]
+        states = [_check_state(s, dataset, fingerprint, batches_per_file, fb) for s in state]
         if not states:
             raise InvalidRequest("an empty list of states")
         sizes = {s["world_size"] for s in states}

@@ -1,16 +1,15 @@
 """One split's stream of batches for one rank: the file being read, and the next one coming.
 
-get_batch's steady state is a list lookup: the background thread made each batch's views of
-the memory-mapped file once per file (`unbind`). What happens next depends on where the batch
-goes (transfer.py). A trainer that takes zero-copy CPU views gets views of the served fields:
-of the file itself when it stores them as served (format version 1, or a plain schema),
-else of the file decoded once in the background thread, so that call makes no RPC, no
-syscall, no per-sample loop and no torch call, and the trainer never hands the GIL to the
-client's own threads in the middle of a step. Copies (`out=`, copy=True, CUDA) start from the
-stored tensors instead, narrow token ids and all, and widen them on the way (storage.py).
-At a file boundary the prefetched file (leased, verified and paged in by a background thread)
-takes over, the finished one is released in the background, and the prefetch of the one after
-starts.
+A file is a run of rows (rows.py): get_batch(split, batch_size=B) takes the next B rows,
+from the end of one file and the start of the next where it must, so a trainer picks its own
+batch size, and changes it, whatever the files' unit. In steady state a call slices the
+mapped file and widens those rows into the tensors it returns (one copy_ per field): no RPC,
+no syscall, no per-sample loop. Zero-copy CPU trainers get views of the file where it stores
+the served fields, else the rows widened into a batch's own memory; copies (`out=`, copy=True, CUDA) start from the
+stored tensors, narrow token ids and all, and widen them on the way (storage.py).
+Leasing, crc32, loading and paging in all happen in a background thread,
+`prefetch_files` ahead, and cost the file switch nothing: the prefetched file takes over, the
+finished one is released in the background, and the prefetch of the one after starts.
 
 With transport "grpc" the background thread streams the file instead of mapping it
 (fetch.py); the tensors then live in memory, and the hot path is the same.
@@ -18,8 +17,6 @@ With transport "grpc" the background thread streams the file instead of mapping 
 
 from __future__ import annotations
 
-import math
-import mmap
 import os
 from collections import deque
 from collections.abc import Callable
@@ -34,9 +31,10 @@ from queue_client import errors
 from queue_client.batchfile import BatchFile, file_crc32, load_batch_bytes, load_batch_file
 from queue_client.layout import DatasetLayout
 from queue_client.resume import StreamPlan
+from queue_client.rows import LoadedFile, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
-from queue_client.storage import BatchCodec, codec_for
-from queue_client.transfer import StoredBatch, Transfer
+from queue_client.storage import codec_for
+from queue_client.transfer import Transfer
 from queue_client.wire import batchqueue_pb2 as pb
 
 CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
@@ -57,34 +55,6 @@ class LeaseRef:
     released: bool = False
 
 
-@dataclass
-class LoadedFile:
-    lease: LeaseRef
-    seq: int
-    num_batches: int
-    codec: BatchCodec  # how this file stores the schema's fields
-    stored: list[torch.Tensor]  # codec.stored_names order, each [num_batches, ...]
-    batches: list[StoredBatch]  # per batch, its views of the stored tensors
-    # Per batch, the served fields as views (schema order): the file's own tensors when it
-    # stores them as served, else the file decoded at once; None until a trainer asks.
-    served: list[list[torch.Tensor]] | None = None
-    start: int = 0  # the first batch to serve: later than 0 when resuming mid-file
-    waited_s: float = 0.0  # how long get_batch blocked for this file
-
-    def decode(self, served: list[tuple[torch.Size, torch.dtype]]) -> list[list[torch.Tensor]]:
-        """Per batch, the served fields as views of the whole file decoded once (`served`: each
-        field's batch shape and dtype). The stored views go: what is served comes from the
-        decoded file from now on, and the map is let go (its pages would count twice in the
-        client's memory)."""
-        if self.served is None:
-            codec = self.codec
-            fields = [_anonymous((self.num_batches, *shape), dtype) for shape, dtype in served]
-            codec.serve_into(codec.field_views(self.stored), self.stored, fields)
-            self.served = [list(b) for b in zip(*(t.unbind(0) for t in fields), strict=True)]
-            self.stored, self.batches = [], []
-        return self.served
-
-
 @dataclass(frozen=True)
 class StreamView:
     """Where one split's stream stands, as the next get_batch will find it: a snapshot for
@@ -98,11 +68,21 @@ class StreamView:
     # (being leased, verified and paged in), "ready" (done: opening it costs no wait; a failed
     # prefetch is "ready" too, and the next get_batch raises its error).
     next_file: Literal["none", "loading", "ready"]
+    row: int = 0  # the next row's index in that file (offset counts batches of the file's unit)
+    rows_in_file: int = 0
 
     @property
     def opens_file(self) -> bool:
-        """The next get_batch opens a file: the first one, or the one after this."""
+        """The next get_batch opens a file (the first one, or the one after this): its
+        file has no row left. A batch that takes the file's last rows and the next file's
+        first also opens one; `needs_file(batch_size)` says so for a given size."""
+        if self.rows_in_file:
+            return self.row >= self.rows_in_file
         return self.offset >= self.batches_in_file
+
+    def needs_file(self, batch_size: int) -> bool:
+        """A get_batch of `batch_size` rows opens a file."""
+        return self.row + batch_size > self.rows_in_file
 
 
 class LeaseSource(Protocol):
@@ -110,7 +90,8 @@ class LeaseSource(Protocol):
 
     dataset: str
     data_root: Path
-    batch_size: int
+    batch_size: int  # the default batch a trainer gets
+    file_batch_size: int  # the files' unit: rows per stored batch
     verify_checksums: bool
     transport: str  # "file" or "grpc"
     executor: ThreadPoolExecutor
@@ -141,9 +122,10 @@ class SplitStream:
         *,
         plan: StreamPlan | None,
         seq_stride: int,
-        prefetch: bool,
+        prefetch: int,
         timeout_s: float,
         clock: Callable[[], float],
+        dependence: str = "",
     ) -> None:
         self.source = source
         self.split = split
@@ -153,71 +135,110 @@ class SplitStream:
         self.codec = codec_for(schema)
         # Files of format version 1 hold the served fields themselves.
         self._plain_codec = codec_for(tuple(FieldSpec(f.name, f.dtype, f.shape) for f in schema))
-        # What a batch is served as: (shape, dtype) per field, for checking out= buffers.
-        self.served = [
-            (torch.Size((source.batch_size, *f.shape)), torch_dtype(f.dtype)) for f in schema
-        ]
-        # Set once a trainer took zero-copy views: from then on each file is decoded in the
-        # prefetch thread, so those calls stay lookups.
-        self._wants_served = False
+        # What a row is served as: (shape, dtype) per field.
+        self.row_served = [(torch.Size(f.shape), torch_dtype(f.dtype)) for f in schema]
+        # Why a batch must be the file's own (empty: any size, rows cross files freely).
+        self.dependence = dependence or rows_dependence({}, self.codec)
         self.stride = seq_stride
-        self.prefetch = prefetch
+        self.prefetch = int(prefetch)  # files fetched ahead of the one being read
         self.timeout_s = timeout_s
         self._clock = clock
         # Deterministic streams know their seqs; best-effort ones (plan None) take any file.
         self._plan: deque[tuple[int, int]] = deque(plan.items if plan else ())
         self._next_seq: int | None = plan.next_seq if plan else None
         self.current: LoadedFile | None = None
-        self._batches: list[StoredBatch] = []
-        self._served: list[list[torch.Tensor]] | None = None
-        self._num_batches = 0
-        self.offset = 0
-        self._pending: Future[LoadedFile] | None = None
-        self._pending_item: tuple[int, int] | None = None
+        self.row = 0  # the next row of the current file
+        # Files being prefetched, in reading order: each job and the (seq, first row) it reads
+        # (None for best-effort streams).
+        self._pending: deque[tuple[Future[LoadedFile], tuple[int, int] | None]] = deque()
+        self._finished: list[LoadedFile] = []  # read to their end, not yet released
+
+    def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
+        """What a batch of `size` rows is served as: (shape, dtype) per field."""
+        return [(torch.Size((size, *shape)), dtype) for shape, dtype in self.row_served]
+
+    def check_size(self, size: int) -> None:
+        """Refuse a batch size the stream cannot serve, naming why."""
+        unit = self.source.file_batch_size
+        if size == unit or not self.dependence:
+            return
+        raise errors.InvalidRequest(
+            f"{self.source.dataset}/{self.split} serves batches of its files' {unit} rows "
+            f"only, not batch_size={size}: {self.dependence}"
+        )
 
     # ---- the hot path -------------------------------------------------------------------
-    def next_batch(self, transfer: Transfer) -> list[torch.Tensor]:
-        """The next batch's served fields, in schema order, as `transfer` delivers them."""
-        i = self.offset
-        if i >= self._num_batches:
-            self._advance()
-            i = self.offset
-        self.offset = i + 1
+    def next_batch(self, transfer: Transfer, size: int) -> list[torch.Tensor]:
+        """The next `size` rows' served fields, in schema order, as `transfer` delivers them."""
+        cur, r0 = self.current, self.row
+        r1 = r0 + size
+        if cur is None or r1 > cur.rows:
+            return self._crossing(transfer, size)
+        self.row = r1
         if transfer.serves_views:
-            served = self._served
-            if served is None:
-                served = self._decode_current()
-            return served[i]
-        return transfer.deliver(self._batches[i])
+            return cur.views(r0, r1)
+        return transfer.deliver(cur.stored_batch(r0, r1))
 
     def next_into(self, transfer: Transfer, outs: list[torch.Tensor]) -> None:
-        """Copy the next batch into `outs` (checked by the caller against `served`): from the
-        stored views, widening; from the served views where the file was decoded for views."""
-        i = self.offset
-        if i >= self._num_batches:
-            self._advance()
-            i = self.offset
-        self.offset = i + 1
-        batches = self._batches
-        if batches:
-            transfer.deliver_into(batches[i], outs)
+        """Copy the next rows into `outs` (checked by the caller against `served`), widening
+        narrow ids on the way; as many rows as the buffers hold."""
+        size = outs[0].shape[0]
+        cur, r0 = self.current, self.row
+        r1 = r0 + size
+        if cur is None or r1 > cur.rows:
+            for f, a, b, at in self._segments(size):
+                transfer.deliver_into(f.stored_batch(a, b), [o[at : at + b - a] for o in outs])
+            self._after_switch()
             return
-        served = self._served
-        assert served is not None  # a file's stored views go only once it is decoded
-        for out, view in zip(outs, served[i], strict=True):
-            out.copy_(view)
+        self.row = r1
+        transfer.deliver_into(cur.stored_batch(r0, r1), outs)
 
-    def _decode_current(self) -> list[list[torch.Tensor]]:
-        self._wants_served = True
-        cur = self.current
-        assert cur is not None
-        self._served = cur.decode(self.served)
-        self._batches = cur.batches
-        return self._served
+    def _crossing(self, transfer: Transfer, size: int) -> list[torch.Tensor]:
+        """A batch whose rows are not all in the current file: the end of one file, then
+        the start of the next (or a first file)."""
+        segments = self._segments(size)
+        if len(segments) == 1:
+            f, a, b, _ = segments[0]
+            if transfer.serves_views:
+                outs = f.views(a, b)
+            else:
+                outs = transfer.deliver(f.stored_batch(a, b))
+        elif transfer.serves_views:
+            outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.served(size)]
+            for f, a, b, at in segments:
+                f.serve_rows_into(a, b, [o[at : at + b - a] for o in outs])
+        else:
+            parts = [transfer.deliver(f.stored_batch(a, b)) for f, a, b, _ in segments]
+            outs = [torch.cat(p) for p in zip(*parts, strict=True)]
+        del segments
+        self._after_switch()
+        return outs
+
+    def _segments(self, size: int) -> list[tuple[LoadedFile, int, int, int]]:
+        """Take `size` rows, opening files as needed: (file, first row, end row, where they
+        go in the batch) per file. If opening a file fails, nothing of the current one is
+        taken, so a retried get_batch serves the same rows."""
+        taken: list[tuple[LoadedFile, int, int, int]] = []
+        first, first_row, at = self.current, self.row, 0
+        while at < size:
+            cur = self.current
+            if cur is None or self.row >= cur.rows:
+                try:
+                    self._advance()
+                except BaseException:
+                    if self.current is first:
+                        self.row = first_row
+                    raise
+                continue
+            take = min(size - at, cur.rows - self.row)
+            taken.append((cur, self.row, self.row + take, at))
+            self.row += take
+            at += take
+        return taken
 
     # ---- file boundaries ------------------------------------------------------------------
     def _take(self) -> tuple[int | None, int, bool]:
-        """The next file to read: (seq, first batch, carried over from a plan?)."""
+        """The next file to read: (seq, first row, carried over from a plan?)."""
         if self._plan:
             planned, offset = self._plan.popleft()
             return planned, offset, True
@@ -226,42 +247,57 @@ class SplitStream:
             self._next_seq = seq + self.stride
         return seq, 0, False
 
-    def _submit(self) -> Future[LoadedFile]:
+    def _submit(self) -> None:
         seq, offset, carried = self._take()
-        self._pending_item = None if seq is None else (seq, offset)
-        return self.source.executor.submit(self._fetch, seq, offset, carried)
+        job = self.source.executor.submit(self._fetch, seq, offset, carried)
+        self._pending.append((job, None if seq is None else (seq, offset)))
 
     def _advance(self) -> None:
-        old = self.current
-        self.current = None
-        pending = self._pending if self._pending is not None else self._submit()
-        self._pending = None
+        if not self._pending:
+            self._submit()
+        job, item = self._pending.popleft()
         began = self._clock()
         try:
-            loaded = pending.result()
+            loaded = job.result()
         except BaseException:
-            # Nothing of that file was read: keep it first in line, so a retried get_batch
-            # asks for the same file again instead of skipping it.
-            if self._pending_item is not None:
-                self._plan.appendleft(self._pending_item)
-                self._pending_item = None
+            # Nothing of that file was read: keep it first in line (and the prefetched files
+            # after it, given back), so a retried get_batch asks for the same files again
+            # instead of skipping any.
+            self._give_back_pending(item)
             raise
-        waited = self._clock() - began
-        loaded.waited_s = waited
+        loaded.waited_s = self._clock() - began
+        if self.current is not None:
+            self._finished.append(self.current)
         self.current = loaded
-        self._batches = loaded.batches
-        self._served = loaded.served
-        if old is not None:
+        self.row = min(loaded.start, loaded.rows)
+
+    def _after_switch(self) -> None:
+        """Release the finished files and prefetch the next ones: after the batch that
+        switched files is made, so the background threads this wakes take no GIL or core
+        from that call."""
+        while len(self._pending) < self.prefetch:
+            self._submit()
+        finished, self._finished = self._finished, []
+        for old in finished:
             # The release job holds the finished file last, so it is unmapped off this thread.
             self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
-            del old
-        self._num_batches = loaded.num_batches
-        self.offset = min(loaded.start, loaded.num_batches)
-        self._pending_item = None
-        if self.prefetch:
-            self._pending = self._submit()
-        if self.offset >= self._num_batches:  # a resume exactly at a file's end
-            self._advance()
+        del finished
+
+    def _give_back_pending(self, first: tuple[int, int] | None = None) -> None:
+        """Return every prefetched file unread and put them (after `first`) back in line."""
+        items = [first] if first is not None else []
+        while self._pending:
+            job, item = self._pending.popleft()
+            if item is not None:
+                items.append(item)
+            if job.cancel():
+                continue
+            try:
+                loaded = job.result(timeout=self.timeout_s)
+            except BaseException:
+                continue
+            self.source.release(loaded.lease, RETURNED)
+        self._plan.extendleft(reversed(items))
 
     def _fetch(self, seq: int | None, start: int, carried: bool) -> LoadedFile:
         deadline = self._clock() + self.timeout_s
@@ -316,23 +352,7 @@ class SplitStream:
         tensors = [batch_file.stored[name] for name in codec.stored_names]
         if not streamed:  # streamed tensors were just written: their pages are in memory
             _prefault(tensors)
-        per_tensor = [t.unbind(0) for t in tensors]
-        per_field = [None if v is None else v.unbind(0) for v in codec.field_views(tensors)]
-        batches = [
-            StoredBatch(
-                codec,
-                [None if f is None else f[i] for f in per_field],
-                [t[i] for t in per_tensor],
-            )
-            for i in range(lease.num_batches)
-        ]
-        loaded = LoadedFile(ref, lease.seq, lease.num_batches, codec, tensors, batches)
-        if codec.identity:
-            # The file holds the served fields: its views are what a trainer gets.
-            loaded.served = [b.fields for b in batches]  # type: ignore[misc]
-        elif self._wants_served:
-            loaded.decode(self.served)
-        return loaded
+        return LoadedFile(ref, lease.seq, lease.num_batches, lease.batch_size, codec, tensors)
 
     def _map(self, lease: pb.Lease) -> tuple[str, BatchFile]:
         """Verify the leased file under data_root and map it: (its path, the file)."""
@@ -370,14 +390,14 @@ class SplitStream:
 
     # ---- state and shutdown ---------------------------------------------------------------
     def plan(self) -> StreamPlan:
-        """What is left to read, as a plan: where a resume starts. Prefetched files count as
-        unread, so a resume produces them again rather than skip them."""
+        """What is left to read, as a plan of (seq, first row): where a resume starts.
+        Prefetched files count as unread, so a resume produces them again rather than skip
+        them."""
         items: list[tuple[int, int]] = []
         cur = self.current
-        if cur is not None and self.offset < cur.num_batches:
-            items.append((cur.seq, self.offset))
-        if self._pending_item is not None:
-            items.append(self._pending_item)
+        if cur is not None and self.row < cur.rows:
+            items.append((cur.seq, self.row))
+        items.extend(item for _, item in self._pending if item is not None)
         items.extend(self._plan)
         assert self._next_seq is not None, "best-effort streams have no plan"
         return StreamPlan(tuple(items), self._next_seq).normalized(self.stride)
@@ -386,35 +406,25 @@ class SplitStream:
         """A snapshot of where the stream stands; see StreamView. Cheap, and changes nothing."""
         pending, cur = self._pending, self.current
         next_file: Literal["none", "loading", "ready"] = (
-            "none" if pending is None else "ready" if pending.done() else "loading"
+            "none" if not pending else "ready" if pending[0][0].done() else "loading"
         )
-        seq = None if cur is None else cur.seq
-        return StreamView(self.split, seq, self.offset, self._num_batches, next_file)
+        if cur is None:
+            return StreamView(self.split, None, 0, 0, next_file)
+        offset = -(-self.row // cur.batch_size)  # a batch begun counts as read
+        return StreamView(
+            self.split, cur.seq, offset, cur.num_batches, next_file, self.row, cur.rows
+        )
 
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            try:
-                loaded = pending.result(timeout=self.timeout_s)
-            except BaseException:
-                loaded = None
-            if loaded is not None:
-                self.source.release(loaded.lease, RETURNED)
+        self._give_back_pending()
+        finished, self._finished = self._finished, []
+        for old in finished:
+            self.source.release(old.lease, CONSUMED)
         cur, self.current = self.current, None
         if cur is not None:
-            self.source.release(cur.lease, CONSUMED if self.offset >= cur.num_batches else RETURNED)
-        self._batches, self._served, self._num_batches, self.offset = [], None, 0, 0
-
-
-def _anonymous(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor in memory of its own (an anonymous map), given back to the
-    system the moment its last view goes. A file decoded into malloc'd memory instead leaves
-    the allocator's heap holding several files' worth once a few have come and gone."""
-    size = math.prod(shape) * dtype.itemsize
-    if size == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(mmap.mmap(-1, size), dtype=dtype).view(shape)
+            self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
+        self.row = 0
 
 
 def _prefault(tensors: list[torch.Tensor]) -> None:

@@ -6,8 +6,9 @@ window for x and y, no derivable masks) and the codec that serves the fields fro
 (storage.py).
 
 CPU: by default the batch is a set of views (zero-copy; the map stays alive as long as any
-view does, even after the file is deleted); the stream hands those out itself, of the file
-decoded once when it stores narrow ids (`serves_views`). With `copy=True` each field is
+view does, even after the file is deleted) where the file stores the served dtypes, else its
+rows widened into memory of their own per call; the stream hands those out itself
+(`serves_views`, rows.py). With `copy=True` each field is
 widened into freshly allocated memory, one copy per field: a reused output buffer would be
 unsafe, because autograd keeps the previous batch's input ids alive (embedding backward reads
 them) with no Python reference that would tell us so. `out=` buffers (deliver_into) get one

@@ -63,6 +63,11 @@ class DatasetRuntime:
         self.config_error = False
         self.meta: dict[str, Any] = {}
         self.meta_json = ""
+        # What GetMeta sends: meta, plus which splits serve batches composed whole.
+        self.client_meta_json = ""
+        # The batch a trainer gets by default: the config's batch_size, also where the files
+        # keep the unit the dataset was built with (`_kept_at_built_batch_size`).
+        self.served_batch_size = config.batch_size
         self.splits: dict[str, SplitQueue] = {}
         self._on_state = on_state
         self.ready = asyncio.Event()
@@ -238,7 +243,10 @@ class DatasetRuntime:
             meta = await asyncio.to_thread(load_meta, meta_path)
             validate_meta(meta, where=str(meta_path))
             want, have = self.config.fingerprint(), meta.get("config_fingerprint")
-            if have != want:
+            kept = self._kept_at_built_batch_size(meta) if have != want else None
+            if kept is not None:
+                self.config = kept
+            elif have != want:
                 raise errors.MetaError(
                     f"{meta_path} was built from another config of dataset {self.config.name!r} "
                     f"(fingerprint {have} vs {want}); its batch files would not match. Run "
@@ -260,6 +268,10 @@ class DatasetRuntime:
             await asyncio.to_thread(dump_meta, meta_path, meta)
         self.meta = meta
         self.meta_json = await asyncio.to_thread(meta_to_json, meta)  # CPU work: off the loop
+        self.client_meta_json = self.meta_json
+        if self.config.selection != "fifo":
+            composed = {**meta, "composed_splits": list(self.config.curriculum.splits)}
+            self.client_meta_json = await asyncio.to_thread(meta_to_json, composed)
         if self.config.selection == "curriculum":
             unknown = sorted(set(self.config.curriculum.splits) - set(meta["split_info"]))
             if unknown:
@@ -271,6 +283,32 @@ class DatasetRuntime:
             check_split_name(split)
             self.splits[split] = self._split_queue(split, self._backend(split))
         await asyncio.gather(*(q.open() for q in self.splits.values()))
+
+    def _kept_at_built_batch_size(self, meta: dict[str, Any]) -> DatasetConfig | None:
+        """The config the dataset dir was built under, when it differs from this one in
+        batch_size alone and its rows are independent: its files keep their unit (meta's
+        batch_size), and the config's batch_size is only the default a trainer gets, so
+        nothing is rebuilt. None otherwise (composed or [A, B, T] batches: a batch_size
+        change changes what is served, and is refused as before)."""
+        built = meta.get("batch_size")
+        if (
+            not isinstance(built, int)
+            or built == self.config.batch_size
+            or self.config.selection != "fifo"
+            or meta.get("grad_accum") is not None
+        ):
+            return None
+        config = dataclasses.replace(self.config, batch_size=built)
+        if config.fingerprint() != meta.get("config_fingerprint"):
+            return None
+        log.info(
+            "dataset %s: files keep the batch_size %d they were built with; get_batch serves "
+            "%d rows by default",
+            self.config.name,
+            built,
+            self.config.batch_size,
+        )
+        return config
 
     async def _check_inputs(self, meta: dict[str, Any]) -> None:
         """Refuse (ConfigError, from a worker: hashing is I/O and CPU) a dataset whose input

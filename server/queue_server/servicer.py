@@ -110,9 +110,9 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         runtime = await self._dataset(request.dataset)
         return pb.GetMetaResponse(
             dataset=runtime.name,
-            meta_json=runtime.meta_json,
+            meta_json=runtime.client_meta_json,
             training_type=str(runtime.meta["training_type"]),
-            batch_size=runtime.config.batch_size,
+            batch_size=runtime.served_batch_size,
             batches_per_file=runtime.config.batches_per_file,
             data_root=self._data_root,
             mode=runtime.config.mode,

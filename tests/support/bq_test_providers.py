@@ -151,3 +151,22 @@ class StreamProvider(TinyProvider):
 
     def load_state_dict(self, split: str, state: Any) -> None:
         self.cursor[split] = int(state["cursor"])
+
+
+class GradAccumProvider(TinyProvider):
+    """An [A, B, T] layout: each batch is one optimizer step of A = batch_size micro-batches
+    of 2 rows (meta's grad_accum says so), as text_lm's are."""
+
+    def build_meta(self) -> dict[str, Any]:
+        meta = super().build_meta()
+        w = self.width
+        meta["grad_accum"] = self.batch_size
+        meta["batch_schema"] = [
+            {"name": "x", "dtype": "int64", "shape": [2, w], "role": "input"},
+            {"name": "y", "dtype": "int64", "shape": [2, w], "role": "target"},
+        ]
+        return meta
+
+    def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        x = torch.randint(0, 999, (self.batch_size, 2, self.width), generator=rng)
+        return {"x": x, "y": x + 1}

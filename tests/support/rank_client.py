@@ -3,9 +3,11 @@
     python rank_client.py SPEC.json
 
 SPEC: {"address", "rank", "world_size", "split", "hold": bool, "jobs": [{"dataset",
-"batches", "state_in": path|null, "state_out": path|null, "out": path}]}. For each job it
+"batches", "sizes": [batch_size, ...]|null, "state_in": path|null, "state_out": path|null,
+"out": path}]}. With "sizes", each get_batch takes the next size (a ramp) instead of
+`batches` default ones, and each line also holds the batch's rows of its first field. For each job it
 loads the state (one state dict, or a list of every rank's), reads `batches` batches and
-writes one line per batch: the batch's position (seq, offset) and a hash of its bytes. With
+writes one line per batch: the batch's position (seq, offset in batches) and a hash of its bytes. With
 "hold" it prints READY and waits on stdin, holding its leases until it is killed.
 """
 
@@ -41,16 +43,21 @@ def main() -> None:
         clients.append(client)
         if job.get("state_in"):
             client.load_state_dict(json.load(open(job["state_in"])))
+        sizes = job.get("sizes") or [None] * job["batches"]
         with open(job["out"], "w") as out:
-            for _ in range(job["batches"]):
+            for size in sizes:
                 pos = client.state_dict()["splits"].get(split)
-                batch = client.get_batch(split)
+                batch = client.get_batch(split, batch_size=size)
+                if size is not None:
+                    first = batch[0] if isinstance(batch, tuple) else next(iter(batch.values()))
+                    out.write(json.dumps({"rows": first.tolist()}) + "\n")
+                    continue
                 if pos is None:  # the first batch of a fresh stream
                     pos = {"seq": spec["rank"], "offset": 0}
+                # The state counts rows; these lines count batches of the file's unit.
+                offset = pos["offset"] // client.file_batch_size
                 out.write(
-                    json.dumps(
-                        {"seq": pos["seq"], "offset": pos["offset"], "hash": batch_hash(batch)}
-                    )
+                    json.dumps({"seq": pos["seq"], "offset": offset, "hash": batch_hash(batch)})
                     + "\n"
                 )
         if job.get("state_out"):

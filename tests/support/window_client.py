@@ -2,7 +2,7 @@
 
     python window_client.py ADDRESS DATASET RANK WORLD BATCHES OUT [STATE_IN] [STATE_OUT]
 
-Writes one JSON line per batch: its position (seq, offset) and each row's x and y[-1] (the
+Writes one JSON line per batch: its position (seq, offset in batches) and each row's x and y[-1] (the
 whole window of T+1 tokens). STATE_IN is one state dict or a list of every rank's.
 """
 
@@ -29,9 +29,8 @@ def main() -> None:
                 pos = client.state_dict()["splits"].get("train") or {"seq": int(rank), "offset": 0}
                 x, y = client.get_batch("train")
                 rows = [[*xr, yr[-1]] for xr, yr in zip(x.tolist(), y.tolist(), strict=True)]
-                f.write(
-                    json.dumps({"seq": pos["seq"], "offset": pos["offset"], "rows": rows}) + "\n"
-                )
+                offset = pos["offset"] // client.file_batch_size  # the state counts rows
+                f.write(json.dumps({"seq": pos["seq"], "offset": offset, "rows": rows}) + "\n")
         if state_out:
             with open(state_out + ".tmp", "w") as f:
                 json.dump(client.state_dict(), f)
