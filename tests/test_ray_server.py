@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -296,3 +299,102 @@ def test_an_unreachable_ray_address_exits_2_within_15_s_naming_it(
     assert code == 2, f"exit code {code}:\n{server.log()}"
     assert took < 15
     assert f"ray_address = {address!r}" in server.log(), server.log()
+
+
+def worker_pids(server: ServerProcess) -> set[int]:
+    return {int(w["pid"]) for w in server.split_stats("chars")["workers"]}
+
+
+def healthz(server: ServerProcess) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{server.metrics_address}/healthz", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_dead_actors_leave_stats_a_stall_is_reported_and_a_joining_node_ends_it(
+    ray_cluster: RayCluster, start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    """The dataset's actors run on a labelled node of the test's own. An actor killed by its
+    pid leaves GetStats within seconds and counts as a worker restart. Then the node dies
+    (SIGKILL, as a lost machine) and no other node has the label: its actors leave GetStats,
+    and the dataset turns NOT_SERVING saying what it waits for and for how long, in GetStats
+    and /healthz, for as long as it waits. A node with the label that joins takes the actors,
+    and the same server serves on, every seq once."""
+    key, value = "batchqueue-test-room", tmp_path.name[-20:]
+    placement = f"node:{key}={value}"
+    node = ray_cluster.add_node(labels={key: value})
+    server = start_server(
+        char_config(corpus, extra=ray_keys(ray_cluster.address, placement=placement)),
+        data_root=tmp_path / "ray",
+    )
+    rows = read_batches(server, "chars", 2 * BPF, tmp_path / "1.jsonl")
+
+    [victim] = worker_pids(server)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(
+        lambda: (
+            victim not in worker_pids(server)
+            and server.split_stats("chars")["worker_restarts"] >= 1
+        ),
+        15,
+        f"the killed actor's pid {victim} to leave GetStats and count as a restart",
+    )
+    wait_until(lambda: len(worker_pids(server) - {0}) == 1, 60, "a new actor for train")
+    server.wait_ready_files("chars", 2)
+    restarts = server.split_stats("chars")["worker_restarts"]
+
+    ray_cluster.remove_node(node, graceful=False)
+    wait_until(
+        lambda: (
+            not server.split_stats("chars")["workers"]
+            and server.split_stats("chars")["worker_restarts"] > restarts
+        ),
+        45,
+        "the lost node's actors to leave GetStats and count as restarts",
+    )
+    try:
+        reason = wait_until(
+            lambda: (
+                "chars/train slot 0" in (error := server.stats("chars")["last_error"]) and error
+            ),
+            30,
+            "a stall of train reported",
+            poll_s=0.5,
+        )
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; stats {server.stats('chars')}\n{server.log_tail()}") from None
+    assert health(server, "chars") == NOT_SERVING
+    assert "waiting" in reason and "for a Ray node with 1 CPU free" in reason, reason
+    assert placement in reason, reason
+    status, body = healthz(server)
+    assert status == 503 and "for a Ray node with 1 CPU free" in body, (status, body)
+    # The wait goes on, and its report says for how long, while nothing is made.
+    waited = wait_until(
+        lambda: (
+            (m := re.search(r"waiting (\d+) s", server.stats("chars")["last_error"]))
+            and int(m.group(1)) >= 10
+        ),
+        30,
+        "the stall's report to count its seconds",
+    )
+    assert waited and server.proc.poll() is None
+
+    node = ray_cluster.add_node(labels={key: value})
+    try:
+        wait_until(
+            lambda: health(server, "chars") == SERVING, 90, "the new node to take the actors"
+        )
+        rows += read_batches(
+            server, "chars", 4 * BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl")
+        )
+        assert positions(rows) == in_order(6)
+        stats = server.stats("chars")
+        assert (stats["state"], stats["last_error"]) == ("serving", ""), stats
+        audit(server, "chars", consumed_batches={"train": positions(rows)})
+        places = server.split_stats("chars")["workers"]
+        assert {w["node_id"] for w in places} == {node.node_id}, places
+    finally:
+        server.stop()
+        ray_cluster.remove_node(node)
