@@ -235,7 +235,7 @@ async def test_a_composer_actor_fails_as_a_worker_process_does(
 
         ray.kill(ray.get_actor(pinned.actor_name, namespace="batchqueue"), no_restart=True)
         await asyncio.wait_for(exited.wait(), 60)
-        with pytest.raises(WorkerDied, match=r"its Ray actor .* is gone"):
+        with pytest.raises(WorkerDied, match=r"its Ray actor died \(node .*ActorDiedError"):
             await pinned.call({"op": "stop"})
     finally:
         await pinned.stop()

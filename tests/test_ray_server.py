@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -138,9 +139,8 @@ def test_a_ray_server_serves_the_batches_of_a_local_server(
 def test_an_actor_killed_mid_file_has_its_seq_made_again(
     ray_cluster: RayCluster, start_server: ServerFactory, tmp_path: Path
 ) -> None:
-    """Ray restarts the actor and retries its call, but the new actor has lost its stream:
-    the server refuses that file, restarts the slot from the journal and makes seq 2 again,
-    exactly as a local worker makes it."""
+    """The call in flight fails with the actor's death: the server restarts the slot with a
+    new actor from the journal and makes seq 2 again, exactly as a local worker makes it."""
     gate = tmp_path / "gate"
     gate.mkdir()
     ray = start_server(
@@ -159,7 +159,7 @@ def test_an_actor_killed_mid_file_has_its_seq_made_again(
     assert positions(got) == in_order(5)
     stats = audit(ray, "s", consumed_batches={"train": positions(got)})
     assert all(s["worker_restarts"] >= 1 for s in stats.values()), stats
-    assert "lost its stream; the slot restarts from the journal" in ray.log(), ray.log_tail()
+    assert "slot 0: its Ray actor died" in ray.log(), ray.log_tail()
 
     # The reference: a local worker with the gate open from the start.
     local = start_server(gated_config(gate, "max_backlog_files = 2"), data_root=tmp_path / "local")
@@ -398,3 +398,51 @@ def test_dead_actors_leave_stats_a_stall_is_reported_and_a_joining_node_ends_it(
     finally:
         server.stop()
         ray_cluster.remove_node(node)
+
+
+def test_a_head_that_refuses_the_servers_token_is_named_within_15_s(
+    ray_head: type[RayHead], start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    """A head with token authentication on: a server without the token, or with another
+    one, exits 2 within 15 s saying the head refused its token and where the token must come
+    from (not "no cluster answered"). With the token in a file named by RAY_AUTH_TOKEN_PATH,
+    as docs/ray.md says, it serves."""
+    import ray
+
+    if not hasattr(ray._raylet, "AuthenticationTokenLoader"):
+        pytest.skip(f"Ray {ray.__version__} has no token authentication (Ray 2.52 and later)")
+    token = secrets.token_hex(16)
+    head = ray_head(free_port(), subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
+    config = char_config(corpus, extra=ray_keys(head.address))
+    for env, says in (
+        ({"RAY_AUTH_MODE": "disabled"}, "RAY_AUTH_MODE=disabled, so it sent no token"),
+        (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32},
+            "the token from RAY_AUTH_TOKEN is not the cluster's",
+        ),
+    ):
+        began = time.monotonic()
+        server = ServerProcess(
+            tmp_path / f"refused-{len(says)}",
+            data_root=tmp_path / "data",
+            config_text=config,
+            env=subprocess_env(**env),
+        )
+        try:
+            code = server.proc.wait(timeout=30)
+        finally:
+            server.kill()
+        took, log = time.monotonic() - began, server.log()
+        assert code == 2, f"exit code {code}:\n{log}"
+        assert took < 15, f"{took:.0f} s:\n{log}"
+        assert f"ray_address = {head.address!r}" in log and "InvalidAuthToken" in log, log
+        assert "token authentication on" in log and says in log, log
+        assert "no Ray cluster answered" not in log, log
+
+    token_file = tmp_path / "auth_token"
+    token_file.write_text(token)
+    server = start_server(
+        config, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    )
+    rows = read_batches(server, "chars", BPF, tmp_path / "read.jsonl")
+    assert positions(rows) == in_order(1)

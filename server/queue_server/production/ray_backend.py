@@ -151,8 +151,8 @@ class RayBackend(ProductionBackend):
 
     async def produce(self, slot: int, job: ProduceJob) -> ProducedFile:
         current = self._slots.get(slot)
-        if current is None or not current.incarnation:
-            raise SlotDied(f"{self._label}: slot {slot} is not started")
+        if current is None or current.gone or not current.incarnation:
+            raise SlotDied(f"{self._label}: slot {slot} is not started (or its actor died)")
         try:
             ref = current.actor.produce.remote(job.split, job.seq, job.state)
         except Exception as exc:  # a handle of an older join: another split joined again
