@@ -18,6 +18,7 @@ from queue_server.production.ray_probe import (
     HeadRefused,
     cluster_id,
     host_port,
+    listening,
     refused_message,
 )
 
@@ -160,7 +161,9 @@ def _same_cluster(gcs_address: str) -> bool:
         now = cluster_id(gcs_address)
     except HeadRefused:
         return False
-    return now is not None and (_joined_cluster is None or now == _joined_cluster)
+    if now is None:  # no answer in time: a head busy on a loaded machine is not a gone one
+        return listening(gcs_address)
+    return _joined_cluster is None or now == _joined_cluster
 
 
 def _probe(address: str, timeout_s: float) -> None:
