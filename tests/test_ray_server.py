@@ -406,13 +406,8 @@ def test_a_head_that_refuses_the_servers_token_is_named_within_15_s(
     """A head with token authentication on. Joining it without the token, or with another
     one, fails within the connect's 15 s (in well under a second) saying the head refused the
     token, which token was sent and where the cluster's must come from (not "no cluster
-    answered"); a server without the token exits 2 saying so. With the token in a file named
-    by RAY_AUTH_TOKEN_PATH, as docs/ray.md says, the server serves."""
-    import ray
-
-    if not hasattr(ray._raylet, "AuthenticationTokenLoader"):
-        pytest.skip(f"Ray {ray.__version__} has no token authentication (Ray 2.52 and later)")
-    token = secrets.token_hex(16)
+    answered"); a server without the token exits 2 saying so."""
+    token = skip_without_token_auth()
     head = ray_head(free_port(), subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
     join = (
         "import sys, time\n"
@@ -460,10 +455,29 @@ def test_a_head_that_refuses_the_servers_token_is_named_within_15_s(
     assert code == 2, f"exit code {code}:\n{log}"
     assert "InvalidAuthToken" in log and "no Ray cluster answered" not in log, log
 
+
+@pytest.mark.slow
+def test_a_server_with_the_clusters_token_file_serves_as_docs_ray_md_says(
+    ray_head: type[RayHead], start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    """docs/ray.md's step 0 on a head with token authentication on: RAY_AUTH_MODE=token and
+    the cluster's token in a file named by RAY_AUTH_TOKEN_PATH, and the server serves."""
+    token = skip_without_token_auth()
+    head = ray_head(free_port(), subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
     token_file = tmp_path / "auth_token"
     token_file.write_text(token)
     server = start_server(
-        config, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+        char_config(corpus, extra=ray_keys(head.address)),
+        env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)},
     )
     rows = read_batches(server, "chars", BPF, tmp_path / "read.jsonl")
     assert positions(rows) == in_order(1)
+
+
+def skip_without_token_auth() -> str:
+    """A fresh token; the test skips where this Ray has no token authentication."""
+    import ray
+
+    if not hasattr(ray._raylet, "AuthenticationTokenLoader"):
+        pytest.skip(f"Ray {ray.__version__} has no token authentication (Ray 2.52 and later)")
+    return secrets.token_hex(16)
