@@ -8,104 +8,29 @@ the start with exit code 2, naming it. The accounting auditor runs after every f
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import secrets
 import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from auditor import audit
-from grpc_health.v1 import health_pb2
-from ray_cluster import SUPPORT, RayCluster, RayHead, free_port
+from ray_cluster import RayCluster, RayHead, free_port
+from ray_serving import (
+    BPF,
+    NOT_SERVING,
+    SERVING,
+    gated_config,
+    health,
+    in_order,
+    positions,
+    ray_keys,
+    read_batches,
+    state_of,
+)
 
 from conftest import ServerFactory, char_config, process_tree, subprocess_env, wait_until
-from queue_server.app import health_name
 from queue_server.testing import ServerProcess
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-BPF = 5  # batches per file in every config here
-GATED = "bq_ray_providers:GatedStreamProvider"
-
-
-def ray_keys(address: str, workers: int = 1, placement: str = "spread") -> str:
-    return (
-        f'backend = "ray"\nray_address = "{address}"\nray_placement = "{placement}"\n'
-        f"workers = {workers}\nmax_backlog_files = 2"
-    )
-
-
-def gated_config(gate: Path, extra: str) -> str:
-    """A streaming provider that stops in the middle of seq 2 until the test opens its gate."""
-    return (
-        "[server]\nlease_ttl_s = 30\n[datasets.s]\n"
-        f'provider = "{GATED}"\nbatch_size = 2\nbatches_per_file = {BPF}\n{extra}\n'
-        f'[datasets.s.args]\ngate_dir = "{gate.as_posix()}"\ngate_seq = 2\n'
-    )
-
-
-def read_batches(
-    server: ServerProcess, dataset: str, batches: int, out: Path, resume: Path | None = None
-) -> list[tuple[int, int, str]]:
-    """`batches` batches read by a trainer process of its own (rank 0 of 1), closed after:
-    [(seq, offset, hash of the batch's bytes)]. Its state dict is saved beside `out`; it
-    resumes from the one at `resume`, as a trainer restarted from a checkpoint."""
-    proc = reader(server, dataset, batches, out, resume)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, f"the trainer process failed ({proc.returncode}):\n{err}"
-    return read_out(out)
-
-
-def reader(
-    server: ServerProcess, dataset: str, batches: int, out: Path, resume: Path | None = None
-) -> subprocess.Popen[str]:
-    spec = out.with_suffix(".spec.json")
-    job = {
-        "dataset": dataset,
-        "batches": batches,
-        "out": str(out),
-        "state_in": str(resume) if resume else None,
-        "state_out": str(state_of(out)),
-    }
-    spec.write_text(
-        json.dumps({"address": server.address, "rank": 0, "world_size": 1, "jobs": [job]})
-    )
-    return subprocess.Popen(
-        [sys.executable, str(SUPPORT / "rank_client.py"), str(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    )
-
-
-def state_of(out: Path) -> Path:
-    return out.with_suffix(".state.json")
-
-
-def read_out(out: Path) -> list[tuple[int, int, str]]:
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    return [(r["seq"], r["offset"], r["hash"]) for r in rows]
-
-
-def positions(rows: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
-    return [(seq, offset) for seq, offset, _ in rows]
-
-
-def in_order(files: int) -> list[tuple[int, int]]:
-    """Every batch of seqs 0..files-1 once, in order: nothing lost, nothing repeated."""
-    return [(seq, offset) for seq in range(files) for offset in range(BPF)]
-
-
-def health(server: ServerProcess, dataset: str) -> int:
-    return server.health(health_name(dataset))
 
 
 def test_a_ray_server_serves_the_batches_of_a_local_server(
@@ -299,185 +224,3 @@ def test_an_unreachable_ray_address_exits_2_within_15_s_naming_it(
     assert code == 2, f"exit code {code}:\n{server.log()}"
     assert took < 15
     assert f"ray_address = {address!r}" in server.log(), server.log()
-
-
-def worker_pids(server: ServerProcess) -> set[int]:
-    return {int(w["pid"]) for w in server.split_stats("chars")["workers"]}
-
-
-def healthz(server: ServerProcess) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://{server.metrics_address}/healthz", timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def test_dead_actors_leave_stats_a_stall_is_reported_and_a_joining_node_ends_it(
-    ray_cluster: RayCluster, start_server: ServerFactory, corpus: Path, tmp_path: Path
-) -> None:
-    """The dataset's actors run on a labelled node of the test's own. An actor killed by its
-    pid leaves GetStats within seconds and counts as a worker restart. Then the node dies
-    (SIGKILL, as a lost machine) and no other node has the label: its actors leave GetStats,
-    and the dataset turns NOT_SERVING saying what it waits for and for how long, in GetStats
-    and /healthz, for as long as it waits. A node with the label that joins takes the actors,
-    and the same server serves on, every seq once."""
-    key, value = "batchqueue-test-room", tmp_path.name[-20:]
-    placement = f"node:{key}={value}"
-    node = ray_cluster.add_node(labels={key: value})
-    server = start_server(
-        char_config(corpus, extra=ray_keys(ray_cluster.address, placement=placement)),
-        data_root=tmp_path / "ray",
-    )
-    rows = read_batches(server, "chars", 2 * BPF, tmp_path / "1.jsonl")
-
-    [victim] = worker_pids(server)
-    os.kill(victim, signal.SIGKILL)
-    wait_until(
-        lambda: (
-            victim not in worker_pids(server)
-            and server.split_stats("chars")["worker_restarts"] >= 1
-        ),
-        15,
-        f"the killed actor's pid {victim} to leave GetStats and count as a restart",
-    )
-    wait_until(lambda: len(worker_pids(server) - {0}) == 1, 60, "a new actor for train")
-    server.wait_ready_files("chars", 2)
-    restarts = server.split_stats("chars")["worker_restarts"]
-
-    ray_cluster.remove_node(node, graceful=False)
-    wait_until(
-        lambda: (
-            not server.split_stats("chars")["workers"]
-            and server.split_stats("chars")["worker_restarts"] > restarts
-        ),
-        45,
-        "the lost node's actors to leave GetStats and count as restarts",
-    )
-    try:
-        reason = wait_until(
-            lambda: (
-                "chars/train slot 0" in (error := server.stats("chars")["last_error"]) and error
-            ),
-            30,
-            "a stall of train reported",
-            poll_s=0.5,
-        )
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}; stats {server.stats('chars')}\n{server.log_tail()}") from None
-    assert health(server, "chars") == NOT_SERVING
-    assert "waiting" in reason and "for a Ray node with 1 CPU free" in reason, reason
-    assert placement in reason, reason
-    status, body = healthz(server)
-    assert status == 503 and "for a Ray node with 1 CPU free" in body, (status, body)
-    # The wait goes on, and its report says for how long, while nothing is made.
-    waited = wait_until(
-        lambda: (
-            (m := re.search(r"waiting (\d+) s", server.stats("chars")["last_error"]))
-            and int(m.group(1)) >= 10
-        ),
-        30,
-        "the stall's report to count its seconds",
-    )
-    assert waited and server.proc.poll() is None
-
-    node = ray_cluster.add_node(labels={key: value})
-    try:
-        wait_until(
-            lambda: health(server, "chars") == SERVING, 90, "the new node to take the actors"
-        )
-        rows += read_batches(
-            server, "chars", 4 * BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl")
-        )
-        assert positions(rows) == in_order(6)
-        stats = server.stats("chars")
-        assert (stats["state"], stats["last_error"]) == ("serving", ""), stats
-        audit(server, "chars", consumed_batches={"train": positions(rows)})
-        places = server.split_stats("chars")["workers"]
-        assert {w["node_id"] for w in places} == {node.node_id}, places
-    finally:
-        server.stop()
-        ray_cluster.remove_node(node)
-
-
-def test_a_head_that_refuses_the_servers_token_is_named_within_15_s(
-    ray_head: type[RayHead], start_server: ServerFactory, corpus: Path, tmp_path: Path
-) -> None:
-    """A head with token authentication on. Joining it without the token, or with another
-    one, fails within the connect's 15 s (in well under a second) saying the head refused the
-    token, which token was sent and where the cluster's must come from (not "no cluster
-    answered"); a server without the token exits 2 saying so."""
-    token = skip_without_token_auth()
-    head = ray_head(free_port(), subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
-    join = (
-        "import sys, time\n"
-        "from queue_server.production.ray_connect import CONNECT_TIMEOUT_S, RayUnavailable, connect\n"
-        "began = time.monotonic()\n"
-        "try:\n"
-        "    connect(sys.argv[1])\n"
-        "except RayUnavailable as exc:\n"
-        "    print(f'{time.monotonic() - began:.2f} {CONNECT_TIMEOUT_S} {exc}')\n"
-        "else:\n"
-        "    raise SystemExit('joined without the token')\n"
-    )
-    for env, says in (
-        ({"RAY_AUTH_MODE": "disabled"}, "RAY_AUTH_MODE=disabled, so it sent no token"),
-        (
-            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32},
-            "the token from RAY_AUTH_TOKEN is not the cluster's",
-        ),
-    ):
-        proc = subprocess.run(
-            [sys.executable, "-c", join, head.address],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=subprocess_env(**env),
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        took, limit, message = proc.stdout.strip().split(" ", 2)
-        assert float(took) < float(limit), proc.stdout
-        assert f"ray_address = {head.address!r}" in message and "InvalidAuthToken" in message
-        assert "token authentication on" in message and says in message, message
-
-    config = char_config(corpus, extra=ray_keys(head.address))
-    server = ServerProcess(
-        tmp_path / "refused",
-        data_root=tmp_path / "data",
-        config_text=config,
-        env=subprocess_env(RAY_AUTH_MODE="disabled"),
-    )
-    try:
-        code = server.proc.wait(timeout=120)
-    finally:
-        server.kill()
-    log = server.log()
-    assert code == 2, f"exit code {code}:\n{log}"
-    assert "InvalidAuthToken" in log and "no Ray cluster answered" not in log, log
-
-
-@pytest.mark.slow
-def test_a_server_with_the_clusters_token_file_serves_as_docs_ray_md_says(
-    ray_head: type[RayHead], start_server: ServerFactory, corpus: Path, tmp_path: Path
-) -> None:
-    """docs/ray.md's step 0 on a head with token authentication on: RAY_AUTH_MODE=token and
-    the cluster's token in a file named by RAY_AUTH_TOKEN_PATH, and the server serves."""
-    token = skip_without_token_auth()
-    head = ray_head(free_port(), subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
-    token_file = tmp_path / "auth_token"
-    token_file.write_text(token)
-    server = start_server(
-        char_config(corpus, extra=ray_keys(head.address)),
-        env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)},
-    )
-    rows = read_batches(server, "chars", BPF, tmp_path / "read.jsonl")
-    assert positions(rows) == in_order(1)
-
-
-def skip_without_token_auth() -> str:
-    """A fresh token; the test skips where this Ray has no token authentication."""
-    import ray
-
-    if not hasattr(ray._raylet, "AuthenticationTokenLoader"):
-        pytest.skip(f"Ray {ray.__version__} has no token authentication (Ray 2.52 and later)")
-    return secrets.token_hex(16)
