@@ -269,7 +269,7 @@ async def test_a_composer_actor_no_node_has_room_for_reports_its_wait(
             await asyncio.sleep(0.1)
         reason = next(r for r in reports if r)
         assert "for a Ray node with 64 CPU free (ray_placement = 'spread')" in reason, reason
-        assert "for d/train composer" in reason, reason
+        assert "to start the actor of d/train composer" in reason, reason
     finally:
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)

@@ -43,17 +43,18 @@ def test_dead_actors_leave_stats_a_stall_is_reported_and_a_joining_node_ends_it(
     (SIGKILL, as a lost machine) and no other node has the label: its actors leave GetStats,
     and the dataset turns NOT_SERVING saying what it waits for and for how long, in GetStats
     and /healthz, for as long as it waits. A node with the label that joins takes the actors,
-    and the same server serves on, every seq once."""
+    and the same server serves on, every seq once. Train's two actors dying with their node
+    are two slots failing once each: max_worker_restarts = 1 does not fail the dataset."""
     key, value = "batchqueue-test-room", tmp_path.name[-20:]
     placement = f"node:{key}={value}"
-    node = ray_cluster.add_node(labels={key: value})
+    node = ray_cluster.add_node(num_cpus=3, labels={key: value})  # train's 2 actors, val's 1
+    keys = ray_keys(ray_cluster.address, workers=2, placement=placement)
     server = start_server(
-        char_config(corpus, extra=ray_keys(ray_cluster.address, placement=placement)),
-        data_root=tmp_path / "ray",
+        char_config(corpus, extra=f"{keys}\nmax_worker_restarts = 1"), data_root=tmp_path / "ray"
     )
     rows = read_batches(server, "chars", 2 * BPF, tmp_path / "1.jsonl")
 
-    [victim] = worker_pids(server)
+    victim = min(worker_pids(server))
     os.kill(victim, signal.SIGKILL)
     wait_until(
         lambda: (
@@ -63,25 +64,36 @@ def test_dead_actors_leave_stats_a_stall_is_reported_and_a_joining_node_ends_it(
         15,
         f"the killed actor's pid {victim} to leave GetStats and count as a restart",
     )
-    wait_until(lambda: len(worker_pids(server) - {0}) == 1, 60, "a new actor for train")
-    server.wait_ready_files("chars", 2)
+    wait_until(lambda: len(worker_pids(server) - {0}) == 2, 60, "a new actor for train")
+    # Four more files read, and two more made (two seqs in a row, one per slot): the new
+    # actor has made one, which ends its slot's failures in a row.
+    made = server.split_stats("chars")["produced_files"]
+    rows += read_batches(
+        server, "chars", 4 * BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl")
+    )
+    wait_until(
+        lambda: server.split_stats("chars")["produced_files"] >= made + 2,
+        60,
+        "two more files made",
+        poll_s=0.2,
+    )
     restarts = server.split_stats("chars")["worker_restarts"]
 
+    lost = node.node_id
     ray_cluster.remove_node(node, graceful=False)
-    wait_until(
-        lambda: (
-            not server.split_stats("chars")["workers"]
-            and server.split_stats("chars")["worker_restarts"] > restarts
-        ),
-        45,
-        "the lost node's actors to leave GetStats and count as restarts",
-    )
+
+    def gone() -> bool:
+        stats = server.split_stats("chars")
+        running = [w for w in stats["workers"] if w["node_id"] == lost or int(w["pid"])]
+        return not running and stats["worker_restarts"] >= restarts + 2
+
     try:
+        wait_until(gone, 45, "the lost node's actors to leave GetStats as restarts", poll_s=0.2)
         reason = wait_until(
             lambda: (
-                "chars/train slot 0" in (error := server.stats("chars")["last_error"]) and error
+                "chars/train slots 0, 1" in (error := server.stats("chars")["last_error"]) and error
             ),
-            30,
+            45,
             "a stall of train reported",
             poll_s=0.5,
         )
@@ -103,15 +115,15 @@ def test_dead_actors_leave_stats_a_stall_is_reported_and_a_joining_node_ends_it(
     )
     assert waited and server.proc.poll() is None
 
-    node = ray_cluster.add_node(labels={key: value})
+    node = ray_cluster.add_node(num_cpus=3, labels={key: value})
     try:
         wait_until(
             lambda: health(server, "chars") == SERVING, 90, "the new node to take the actors"
         )
         rows += read_batches(
-            server, "chars", 4 * BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl")
+            server, "chars", 2 * BPF, tmp_path / "3.jsonl", state_of(tmp_path / "2.jsonl")
         )
-        assert positions(rows) == in_order(6)
+        assert positions(rows) == in_order(8)
         stats = server.stats("chars")
         assert (stats["state"], stats["last_error"]) == ("serving", ""), stats
         audit(server, "chars", consumed_batches={"train": positions(rows)})

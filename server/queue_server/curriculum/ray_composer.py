@@ -50,7 +50,7 @@ from queue_server.production.worker_process import WorkerDied, WorkerError
 log = logging.getLogger("queue_server.curriculum")
 
 # How long a new actor may wait for a node before the wait is reported (and again after each).
-STALL_REPORT_S = 5.0
+STALL_REPORT_S = 10.0
 # How long stop() waits for Ray to report a killed actor dead, so that no composer of an
 # older start can still write when the next one starts.
 _STOP_WAIT_S = 5.0

@@ -71,7 +71,7 @@ log = logging.getLogger("queue_server.production")
 
 # How long a new actor may wait for a node before the wait is reported, and how often the
 # report's "waiting N s" is brought up to date.
-STALL_REPORT_S = 5.0
+STALL_REPORT_S = 10.0
 
 
 @dataclass
@@ -140,6 +140,9 @@ class RayBackend(ProductionBackend):
             self._watch = asyncio.ensure_future(self._watch_cluster())
         current = self._slots.get(slot)
         if current is None or current.gone:
+            if slot in self._made:
+                self._restarts[slot] = self._restarts.get(slot, 0) + 1
+            self._made.add(slot)
             current = await self._placed(slot)
         reply = await self._call(slot, current.actor.start.remote(self.split, state))
         if isinstance(reply, Failed):
@@ -285,27 +288,36 @@ class RayBackend(ProductionBackend):
             num_cpus=self._num_cpus,
             **self._options,
         ).remote(init, self._meta_json, self._cwd)
-        if slot in self._made:
-            self._restarts[slot] = self._restarts.get(slot, 0) + 1
-        self._made.add(slot)
         self._slots[slot] = created = _Slot(actor)
         created.watch = asyncio.ensure_future(self._watch_actor(slot, created))
         return created
 
     async def _placed(self, slot: int) -> _Slot:
         """A new actor for the slot, once a node has taken it. It waits while the cluster
-        answers; a wait longer than stall_report_s is reported (on_stalled) until it ends."""
-        current = self._create(slot)
-        ref = current.actor.where.remote()
+        answers; a wait longer than stall_report_s is reported (on_stalled) until it ends.
+        An actor that dies before it answers (placed on a node that was going away, before
+        the head knew) is no provider's failure: another one is made, and the wait goes on."""
+        ray = import_ray()
         began = asyncio.get_running_loop().time()
         try:
             while True:
+                current = self._create(slot)
+                ref = current.actor.where.remote()
                 try:
-                    current.node_id, current.pid = await self._call(slot, ref, self._stall_report_s)
-                    return current
-                except asyncio.TimeoutError:
-                    self._stalled.setdefault(slot, began)
-                    self._report_stall()
+                    while True:
+                        try:
+                            where = await self._call(slot, ref, self._stall_report_s)
+                            current.node_id, current.pid = where
+                            return current
+                        except asyncio.TimeoutError:
+                            self._stalled.setdefault(slot, began)
+                            self._report_stall()
+                except SlotDied as exc:
+                    if not isinstance(exc.__cause__, ray.exceptions.RayActorError):
+                        raise  # the cluster is gone
+                    log.warning("%s; making another", exc)
+                    self._forget(slot)
+                    await asyncio.sleep(CLUSTER_CHECK_S)  # the head learns of the lost node
         except BaseException:
             self._forget(slot)
             raise

@@ -63,8 +63,8 @@ def stall_message(waited_s: float, cpus: float, placement: str, what: str) -> st
     """Why nothing is made: a new actor no node has room for yet (Ray waits for one)."""
     return (
         f"waiting {waited_s:.0f} s for a Ray node with {cpus:g} CPU free (ray_placement = "
-        f"{placement!r}) for {what}; nothing is made for it meanwhile. `ray status` shows what "
-        "the cluster has free; a node that joins with room takes the actor"
+        f"{placement!r}) to start the actor of {what}; nothing is made for it meanwhile. "
+        "`ray status` shows what the cluster has free; a node that joins with room takes it"
     )
 
 
