@@ -255,7 +255,7 @@ async def test_a_composer_actor_no_node_has_room_for_reports_its_wait(
         init,
         tmp_path,
         ray_address=ray_cluster.address,
-        num_cpus=64,  # more than any node of the session's cluster has
+        num_cpus=64,  # more than any node of the test cluster has
         stall_report_s=0.5,
     )
     reports: list[str | None] = []
