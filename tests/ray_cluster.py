@@ -78,9 +78,11 @@ class RayCluster:
         self.cluster.wait_for_nodes()
         return node
 
-    def remove_node(self, node: Any) -> None:
-        """End the node's raylet and every worker on it (its actors die with it)."""
-        self.cluster.remove_node(node, allow_graceful=True)
+    def remove_node(self, node: Any, graceful: bool = True) -> None:
+        """End the node's raylet and every worker on it (its actors die with it); not
+        graceful: SIGKILL, as a machine that is lost (the head learns it by its health
+        checks, not from the raylet)."""
+        self.cluster.remove_node(node, allow_graceful=graceful)
 
 
 RAY_FIXTURES = ("ray_cluster", "ray_head")

@@ -92,7 +92,6 @@ def ray_backend(
         slots=slots,
         ray_address=cluster.address,
         placement=placement,
-        start_timeout_s=90,
     )
 
 
@@ -198,9 +197,11 @@ async def test_pinned_streaming_actors_match_local_files_and_states(
 async def test_an_actor_killed_mid_file_never_yields_a_wrong_file(
     ray_cluster: RayCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ray restarts the actor and retries the call, but the new actor has lost its stream:
-    the backend must refuse that file (SlotDied), and a restart from the journaled state must
-    make exactly the file a local worker makes."""
+    """The actor dies in the middle of seq 2: the call raises SlotDied naming the actor's
+    death (Ray never restarts it: a new actor would have lost the stream), nothing is
+    published, and a restart from the journaled state makes exactly the file a local worker
+    makes. An actor killed while idle is reported exited (on_slot_exit) and leaves the
+    backend's workers at once."""
     gate = tmp_path / "gate"
     gate.mkdir()
     provider = "bq_ray_providers:GatedStreamProvider"
@@ -217,19 +218,23 @@ async def test_an_actor_killed_mid_file_never_yields_a_wrong_file(
         )
         os.kill(int(marker.name.rsplit("-", 1)[1]), signal.SIGKILL)
         (gate / "go-2").touch()
-        with pytest.raises(SlotDied, match="restarted"):
+        with pytest.raises(SlotDied, match="slot 0: its Ray actor died"):
             await in_flight
         assert len(files_in(tmp_path / "ray")) == 2  # nothing published for seq 2
+        assert backend.workers() == []  # the dead actor is not shown as running
 
         # What production does next: stop the slot, start it from the journaled state.
         await backend.stop_slot(0)
         assert await backend.start_slot(0, made[1].state_after) is True
         made += [await backend.produce(0, ProduceJob("train", seq)) for seq in (2, 3)]
 
-        import ray
-
-        ray.kill(backend._slots[0].actor, no_restart=True)  # dead for good, as its node gone
-        with pytest.raises(SlotDied, match="is gone: ActorDiedError"):
+        [place] = backend.workers()
+        assert place.restarts == 1 and place.pid > 0
+        exited: list[int] = []
+        backend.on_slot_exit = exited.append
+        os.kill(place.pid, signal.SIGKILL)  # idle: no call tells of it, the watch does
+        await wait_for(lambda: exited == [0] and not backend.workers(), "the exit reported", 30)
+        with pytest.raises(SlotDied):
             await backend.produce(0, ProduceJob("train", 4))
     finally:
         await backend.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import textwrap
 from collections.abc import Collection
 from pathlib import Path
@@ -235,10 +236,45 @@ async def test_a_composer_actor_fails_as_a_worker_process_does(
 
         ray.kill(ray.get_actor(pinned.actor_name, namespace="batchqueue"), no_restart=True)
         await asyncio.wait_for(exited.wait(), 60)
-        with pytest.raises(WorkerDied, match=r"its Ray actor .* is gone"):
+        with pytest.raises(WorkerDied, match=r"its Ray actor died \(node .*ActorDiedError"):
             await pinned.call({"op": "stop"})
     finally:
         await pinned.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_composer_actor_no_node_has_room_for_reports_its_wait(
+    ray_cluster: RayCluster, corpus: Path, tmp_path: Path
+) -> None:
+    """A composer whose actor asks for more CPUs than any node has waits, for as long as the
+    cluster answers, and says so (on_stalled, "waiting N s for a Ray node ..."), N growing;
+    no fixed time fails it. Its stop ends the wait and the report."""
+    init = {"data_root": str(tmp_path / "data"), "dataset": "d", "provider": "char_lm"}
+    composer = RayComposer(
+        "d/train composer",
+        init,
+        tmp_path,
+        ray_address=ray_cluster.address,
+        num_cpus=64,  # more than any node of the test cluster has
+        stall_report_s=0.5,
+    )
+    reports: list[str | None] = []
+    composer.on_stalled = reports.append
+    starting = asyncio.ensure_future(composer.start())
+    try:
+        deadline = asyncio.get_running_loop().time() + 60
+        while not any(r and int(re.search(r"waiting (\d+) s", r)[1]) >= 2 for r in reports):
+            assert not starting.done(), starting.exception()
+            assert asyncio.get_running_loop().time() < deadline, reports
+            await asyncio.sleep(0.1)
+        reason = next(r for r in reports if r)
+        assert "for a Ray node with 64 CPU free (ray_placement = 'spread')" in reason, reason
+        assert "to start the actor of d/train composer" in reason, reason
+    finally:
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await composer.stop()
+    assert reports[-1] is None, reports[-3:]  # the wait's end is reported too
 
 
 @pytest.mark.slow

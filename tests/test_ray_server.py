@@ -8,100 +8,29 @@ the start with exit code 2, naming it. The accounting auditor runs after every f
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from auditor import audit
-from grpc_health.v1 import health_pb2
-from ray_cluster import SUPPORT, RayCluster, RayHead, free_port
+from ray_cluster import RayCluster, RayHead, free_port
+from ray_serving import (
+    BPF,
+    NOT_SERVING,
+    SERVING,
+    gated_config,
+    health,
+    in_order,
+    positions,
+    ray_keys,
+    read_batches,
+    state_of,
+)
 
 from conftest import ServerFactory, char_config, process_tree, subprocess_env, wait_until
-from queue_server.app import health_name
 from queue_server.testing import ServerProcess
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-BPF = 5  # batches per file in every config here
-GATED = "bq_ray_providers:GatedStreamProvider"
-
-
-def ray_keys(address: str, workers: int = 1, placement: str = "spread") -> str:
-    return (
-        f'backend = "ray"\nray_address = "{address}"\nray_placement = "{placement}"\n'
-        f"workers = {workers}\nmax_backlog_files = 2"
-    )
-
-
-def gated_config(gate: Path, extra: str) -> str:
-    """A streaming provider that stops in the middle of seq 2 until the test opens its gate."""
-    return (
-        "[server]\nlease_ttl_s = 30\n[datasets.s]\n"
-        f'provider = "{GATED}"\nbatch_size = 2\nbatches_per_file = {BPF}\n{extra}\n'
-        f'[datasets.s.args]\ngate_dir = "{gate.as_posix()}"\ngate_seq = 2\n'
-    )
-
-
-def read_batches(
-    server: ServerProcess, dataset: str, batches: int, out: Path, resume: Path | None = None
-) -> list[tuple[int, int, str]]:
-    """`batches` batches read by a trainer process of its own (rank 0 of 1), closed after:
-    [(seq, offset, hash of the batch's bytes)]. Its state dict is saved beside `out`; it
-    resumes from the one at `resume`, as a trainer restarted from a checkpoint."""
-    proc = reader(server, dataset, batches, out, resume)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, f"the trainer process failed ({proc.returncode}):\n{err}"
-    return read_out(out)
-
-
-def reader(
-    server: ServerProcess, dataset: str, batches: int, out: Path, resume: Path | None = None
-) -> subprocess.Popen[str]:
-    spec = out.with_suffix(".spec.json")
-    job = {
-        "dataset": dataset,
-        "batches": batches,
-        "out": str(out),
-        "state_in": str(resume) if resume else None,
-        "state_out": str(state_of(out)),
-    }
-    spec.write_text(
-        json.dumps({"address": server.address, "rank": 0, "world_size": 1, "jobs": [job]})
-    )
-    return subprocess.Popen(
-        [sys.executable, str(SUPPORT / "rank_client.py"), str(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    )
-
-
-def state_of(out: Path) -> Path:
-    return out.with_suffix(".state.json")
-
-
-def read_out(out: Path) -> list[tuple[int, int, str]]:
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    return [(r["seq"], r["offset"], r["hash"]) for r in rows]
-
-
-def positions(rows: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
-    return [(seq, offset) for seq, offset, _ in rows]
-
-
-def in_order(files: int) -> list[tuple[int, int]]:
-    """Every batch of seqs 0..files-1 once, in order: nothing lost, nothing repeated."""
-    return [(seq, offset) for seq in range(files) for offset in range(BPF)]
-
-
-def health(server: ServerProcess, dataset: str) -> int:
-    return server.health(health_name(dataset))
 
 
 def test_a_ray_server_serves_the_batches_of_a_local_server(
@@ -135,9 +64,8 @@ def test_a_ray_server_serves_the_batches_of_a_local_server(
 def test_an_actor_killed_mid_file_has_its_seq_made_again(
     ray_cluster: RayCluster, start_server: ServerFactory, tmp_path: Path
 ) -> None:
-    """Ray restarts the actor and retries its call, but the new actor has lost its stream:
-    the server refuses that file, restarts the slot from the journal and makes seq 2 again,
-    exactly as a local worker makes it."""
+    """The call in flight fails with the actor's death: the server restarts the slot with a
+    new actor from the journal and makes seq 2 again, exactly as a local worker makes it."""
     gate = tmp_path / "gate"
     gate.mkdir()
     ray = start_server(
@@ -156,7 +84,7 @@ def test_an_actor_killed_mid_file_has_its_seq_made_again(
     assert positions(got) == in_order(5)
     stats = audit(ray, "s", consumed_batches={"train": positions(got)})
     assert all(s["worker_restarts"] >= 1 for s in stats.values()), stats
-    assert "lost its stream; the slot restarts from the journal" in ray.log(), ray.log_tail()
+    assert "slot 0: its Ray actor died" in ray.log(), ray.log_tail()
 
     # The reference: a local worker with the gate open from the start.
     local = start_server(gated_config(gate, "max_backlog_files = 2"), data_root=tmp_path / "local")

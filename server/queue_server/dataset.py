@@ -364,11 +364,16 @@ class DatasetRuntime:
             self._unavailable[(split, source)] = reason
         if self.state in (SERVING, UNAVAILABLE):
             self._settle()
+        elif self.state == STARTING:  # say why the start takes long (a Ray node with room)
+            self.last_error = self._reasons()
+
+    def _reasons(self) -> str:
+        return "; ".join(f"{s}: {r}" for (s, _), r in sorted(self._unavailable.items()))
 
     def _settle(self) -> None:
         before = self.state
         self.state = UNAVAILABLE if self._unavailable else SERVING
-        self.last_error = "; ".join(f"{s}: {r}" for (s, _), r in sorted(self._unavailable.items()))
+        self.last_error = self._reasons()
         if self.state != before:
             log.warning(
                 "dataset %s is %s%s",

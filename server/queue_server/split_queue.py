@@ -134,6 +134,8 @@ class SplitQueue:
             # A composer cannot make a served file without serving it.
             can_advance=not self.curriculum,
         )
+        # A backend that waits for room on its engine (a Ray node) says so, and for how long.
+        backend.on_stalled = lambda reason: on_unavailable("placement", reason)
         self._tasks = BackgroundTasks()
         self._failed: str | None = None
         self._closed = False

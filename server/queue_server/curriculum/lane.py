@@ -23,6 +23,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from queue_client import errors
@@ -95,6 +96,7 @@ class CurriculumBackend(ProductionBackend):
         self._pins: dict[int, str] = {}  # candidate seq -> lease id
         self._needed: list[int] = []
         self._stats: dict[str, Any] = {}
+        self._stalls: dict[int, str] = {}  # composer shard -> why it waits for a node
 
     async def start_slot(self, slot: int, state: dict[str, Any] | None) -> bool:
         """Open a fresh candidate queue and composers; they restore the snapshot. A start
@@ -114,6 +116,8 @@ class CurriculumBackend(ProductionBackend):
             if self._count > 1:
                 composer.label = f"{composer.label} {shard}"
             composer.on_exit = lambda c=composer: self._exited(c)
+            if hasattr(composer, "on_stalled"):  # a Ray actor waits for a node with room
+                setattr(composer, "on_stalled", partial(self._composer_stalled, shard))  # noqa: B010
         self._composers = composers
         # Independent until the first pin: the candidate providers and the composers start
         # together (each may be a new process or actor that imports torch and its provider).
@@ -121,6 +125,14 @@ class CurriculumBackend(ProductionBackend):
         self._take(reply)
         await asyncio.gather(*(self._pin(c) for c in reply["held"]))
         return True
+
+    def _composer_stalled(self, shard: int, reason: str | None) -> None:
+        if reason is None:
+            self._stalls.pop(shard, None)
+        else:
+            self._stalls[shard] = reason
+        if self.on_stalled is not None:
+            self.on_stalled("; ".join(r for _, r in sorted(self._stalls.items())) or None)
 
     async def _start_composers(
         self, composers: list[ComposerWorker], state: dict[str, Any] | None

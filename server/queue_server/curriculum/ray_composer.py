@@ -32,9 +32,10 @@ from queue_server.curriculum.composer_actor import ComposerActor
 from queue_server.production.backend import WorkerPlace
 from queue_server.production.ray_calls import (
     ClusterGone,
+    actor_died,
     actor_reply,
     check_some_node_matches,
-    gist,
+    stall_message,
 )
 from queue_server.production.ray_connect import (
     LOCAL,
@@ -48,6 +49,8 @@ from queue_server.production.worker_process import WorkerDied, WorkerError
 
 log = logging.getLogger("queue_server.curriculum")
 
+# How long a new actor may wait for a node before the wait is reported (and again after each).
+STALL_REPORT_S = 10.0
 # How long stop() waits for Ray to report a killed actor dead, so that no composer of an
 # older start can still write when the next one starts.
 _STOP_WAIT_S = 5.0
@@ -59,8 +62,9 @@ class RayComposer:
 
     label: names it in every message. init: the worker init request (as for a worker
     process). cwd: the config directory, where relative provider paths are resolved on every
-    node. ray_address, placement: the dataset's ray_address and ray_placement. start_timeout_s:
-    how long it may wait for a node to take the actor.
+    node. ray_address, placement: the dataset's ray_address and ray_placement. The actor
+    waits for a node with room for as long as the cluster answers; a wait longer than
+    stall_report_s is told to on_stalled (and None when it ends).
     """
 
     def __init__(
@@ -72,7 +76,7 @@ class RayComposer:
         ray_address: str = LOCAL,
         placement: str = SPREAD,
         num_cpus: float | None = None,
-        start_timeout_s: float = 120.0,
+        stall_report_s: float = STALL_REPORT_S,
     ) -> None:
         self.label = label
         self.ray_address = ray_address
@@ -81,7 +85,7 @@ class RayComposer:
         self._init = dict(init)
         self._cwd = str(cwd)
         self._num_cpus = actor_cpus(ray_address) if num_cpus is None else num_cpus
-        self._start_timeout_s = start_timeout_s
+        self._stall_report_s = stall_report_s
         self._actor: Any = None
         self._gcs_address = ""
         self._incarnation = ""
@@ -93,6 +97,8 @@ class RayComposer:
         self.init_reply: dict[str, Any] = {}
         # Called on the event loop when the actor dies by itself (not by stop or kill).
         self.on_exit: Callable[[], None] | None = None
+        # Called with why the start waits for a node (see the class's doc), None at its end.
+        self.on_stalled: Callable[[str | None], None] | None = None
 
     @property
     def init_request(self) -> dict[str, Any]:
@@ -124,14 +130,10 @@ class RayComposer:
             **self._options,
         ).remote(self._cwd)
         try:
-            where = await self._get(self._actor.where.remote(), self._start_timeout_s)
-        except asyncio.TimeoutError:
+            where = await self._placed(self._actor.where.remote())
+        except BaseException:
             self.kill()
-            raise WorkerDied(
-                f"{self.label}: no Ray node took its actor within {self._start_timeout_s:.0f} s "
-                f"(ray_placement = {self.placement!r}, {self._num_cpus:g} CPU each); "
-                "`ray status` shows what the cluster has free"
-            ) from None
+            raise
         self._incarnation, self.node_id, self.actor_pid = (
             where["incarnation"],
             where["node_id"],
@@ -140,6 +142,25 @@ class RayComposer:
         self._watcher = asyncio.ensure_future(self._watch(self._actor))
         self.init_reply = await self.call({"op": "init", **self._init})
         return self.init_reply
+
+    async def _placed(self, ref: Any) -> dict[str, Any]:
+        """The actor's where() reply, once a node took it; the wait is reported meanwhile."""
+        began = asyncio.get_running_loop().time()
+        stalled = False
+        try:
+            while True:
+                try:
+                    return dict(await self._get(ref, self._stall_report_s))
+                except asyncio.TimeoutError:
+                    stalled = True
+                    waited = asyncio.get_running_loop().time() - began
+                    reason = stall_message(waited, self._num_cpus, self.placement, self.label)
+                    log.warning("%s", reason)
+                    if self.on_stalled is not None:
+                        self.on_stalled(reason)
+        finally:
+            if stalled and self.on_stalled is not None:
+                self.on_stalled(None)
 
     async def call(self, request: dict[str, Any]) -> dict[str, Any]:
         """One request, its reply; WorkerError when it failed, WorkerDied when the actor did."""
@@ -178,17 +199,19 @@ class RayComposer:
                 f"{self.label}: {type(cause).__name__}: {cause}", kind=type(cause).__name__
             ) from exc
         except ray.exceptions.RayError as exc:  # the actor, its node or the cluster is gone
-            raise WorkerDied(
-                f"{self.label}: its Ray actor (node {self.node_id or '?'}, pid "
-                f"{self.actor_pid or '?'}) is gone: {type(exc).__name__}: {gist(exc)}"
-            ) from exc
+            raise WorkerDied(actor_died(self.label, self.node_id, self.actor_pid, exc)) from exc
 
     async def _watch(self, actor: Any) -> None:
-        """Wait on the actor's never-ending watch call; its end is the actor's death."""
-        with contextlib.suppress(Exception):
+        """Wait on the actor's never-ending watch call; its end is the actor's death. The
+        message is the one a call in flight gets (actor_died): which path notices a death
+        first is a matter of timing."""
+        try:
             await self._get(actor.watch.remote())
+            message = actor_died(self.label, self.node_id, self.actor_pid)
+        except Exception as exc:
+            message = str(exc)  # WorkerDied(actor_died(...)), or the cluster gone
         if not self._stopping and self.on_exit is not None:
-            log.warning("%s: its Ray actor died", self.label)
+            log.warning("%s", message)
             self.on_exit()
 
     async def stop(self, timeout_s: float = _STOP_WAIT_S) -> None:

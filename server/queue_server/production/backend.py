@@ -21,7 +21,8 @@ class WorkerPlace:
 
     role: "provider", "composer" or "candidates" (a curriculum split's candidate provider).
     backend: "local" (a process of this machine) or "ray" (an actor on node node_id).
-    pid: on its own node, 0 while not running. restarts: Ray's restarts of the actor.
+    pid: on its own node, 0 while not running. restarts: how often the slot's actor was made
+    again (after a death, a lost node, a cluster gone).
     """
 
     role: str
@@ -98,6 +99,9 @@ class ProductionBackend(abc.ABC):
     slots: int = 1
     #: Called on the event loop with a slot's index when it dies while idle.
     on_slot_exit: Callable[[int], None] | None = None
+    #: Called on the event loop with why production waits for its engine (a Ray actor that no
+    #: node has room for, and for how long), again as the wait goes on, and None when it ends.
+    on_stalled: Callable[[str | None], None] | None = None
 
     @abc.abstractmethod
     async def start_slot(self, slot: int, state: dict[str, Any] | None) -> bool:

@@ -5,8 +5,10 @@ planner's business (planner.py). Here: a release or an acquire calls kick(), whi
 idle slot its next job at once (backpressure without polling); what comes back is journaled,
 then published to the split; failures back off (a full disk) or restart the slot, at once the
 first time and then after a delay doubling from 0.5 s to 30 s while it keeps failing (a worker
-that dies at start or on every file does not spin), reset by the next file made. Nothing is
-made while the split's journal cannot be written (journal_keeper.py).
+that dies at start or on every file does not spin), reset by the slot's next file made. Each
+slot counts its own failures in a row: slots that die together (the actors of a lost Ray node)
+are not one slot failing again and again. Nothing is made while the split's journal cannot be
+written (journal_keeper.py).
 
 Which backend makes the file (worker processes here, Ray actors elsewhere, a curriculum
 composer) is the backend's business; nothing here depends on it.
@@ -96,7 +98,9 @@ class Production:
         self._unjournaled: dict[int, dict[str, Any]] = {}
         self._busy: set[int] = set()
         self._running: set[int] = set()
-        self._failures = 0
+        # Failures in a row, per slot: slots that die together (a Ray node lost with its
+        # actors) are as many slots failing once each, not one slot failing that often.
+        self._failures: dict[int, int] = {}
         self._disk_backoff_until = 0.0
         self._disk_backoff_s = _DISK_BACKOFF_S[0]
         self._retry_armed = False
@@ -264,7 +268,7 @@ class Production:
             return
         self.plan.finished(job, slot, journaled=True)
         self._unjournaled.pop(seq, None)
-        self._failures = 0
+        self._failures.pop(slot, None)
         self.state.worker_backoff_s = 0.0
         self._disk_backoff_s = _DISK_BACKOFF_S[0]
         self.state.last_disk_error = ""
@@ -347,12 +351,12 @@ class Production:
     async def _slot_failed(self, slot: int, message: str) -> None:
         if self._stopped:
             return
-        self._failures += 1
+        failures = self._failures[slot] = self._failures.get(slot, 0) + 1
         self.state.last_error = message
         log.error("%s slot %d failed: %s", self.where, slot, message)
-        if self._failures > self.max_restarts:
+        if failures > self.max_restarts:
             self._on_fatal(
-                f"worker {slot} of split {self.split!r} failed {self._failures} times in a row; "
+                f"worker {slot} of split {self.split!r} failed {failures} times in a row; "
                 f"last error: {message}"
             )
             return
@@ -362,16 +366,16 @@ class Production:
         self.state.counters.worker_restarts += 1
         # The first failure in a row restarts at once; one that keeps failing waits longer.
         delay = 0.0
-        if self._failures > 1:
+        if failures > 1:
             low, high = WORKER_BACKOFF_S
-            delay = min(high, low * 2 ** (self._failures - 2))
+            delay = min(high, low * 2 ** (failures - 2))
         self.state.worker_backoff_s = delay
         if delay:
             log.warning(
                 "%s slot %d: failure %d in a row; restarting it in %.1fs",
                 self.where,
                 slot,
-                self._failures,
+                failures,
                 delay,
             )
             await asyncio.sleep(delay)  # the backoff itself: the slot stays down meanwhile

@@ -6,15 +6,16 @@ publishes it with the same atomic write and journal as the worker backend. A bat
 pure function of (dataset config, split, seq, stream state), so its bytes do not depend on
 the node that made it.
 
-Every reply carries the actor's incarnation, drawn anew each time Ray (re)constructs it. A
-restarted actor has lost its forward stream, and Ray retries a call that was in flight on the
-new incarnation; the server compares incarnations so that it never publishes such a file.
+Every reply carries the actor's incarnation, drawn anew each time Ray constructs it. Ray never
+restarts these actors (the server makes a new one, from the journaled state), so a reply of
+another incarnation would be a file of a lost stream: the server never publishes one.
 This module imports no Ray: ray_backend.py wraps the class with `ray.remote`.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,6 +70,15 @@ class ProviderActor:
         self._cwd = cwd
         self._provider: DataProviderBase | None = None
         self.incarnation = uuid.uuid4().hex
+
+    def where(self) -> tuple[str, int]:
+        """(node id, pid): answers as soon as a node has taken the actor."""
+        return _node_id(), os.getpid()
+
+    def watch(self) -> None:
+        """Never returns: the call ends when the actor does, which is how the server learns
+        of a death while the slot is idle (the actor runs two calls at once for it)."""
+        threading.Event().wait()
 
     def start(self, split: str, state: Mapping[str, Any] | None) -> Started | Failed:
         """Build the provider if need be and move the split's forward stream to `state`."""

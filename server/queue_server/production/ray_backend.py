@@ -7,16 +7,19 @@ write as every backend, and production journals it as usual. A file is a pure fu
 (dataset config, split, seq, stream state), so it is byte for byte the file a worker process
 makes, whichever node made it.
 
-Failures. Actors are created with max_restarts=-1 and max_task_retries=-1: Ray restarts a dead
-actor and retries the call that was in flight, which is safe since making a file twice makes
-the same file. A restarted actor has lost its forward stream, though, so for a provider that
-streams a reply from a new incarnation raises SlotDied, and production restarts the slot from
-the journaled state (start_slot sends that state to the actor). An actor that is gone for good,
-or a cluster that is gone, also raises SlotDied; the provider's own errors raise ProduceFailed.
-A cluster that goes away while no call is in flight (every slot idle behind a full backlog)
-is noticed by a watch that asks the head every CLUSTER_CHECK_S: the idle slots are reported
-exited (on_slot_exit), and their restart finds the cluster gone, so the dataset turns
-NOT_SERVING then, not when the next file is wanted.
+Failures. Ray never restarts these actors (max_restarts=0): a restarted actor would have lost
+its forward stream, and Ray would place it where and when it can, out of the server's sight.
+An actor that dies (killed, out of memory, its node gone) raises SlotDied on the call in
+flight; while idle, its death ends a `watch` call that each actor holds open, and the slot is
+reported exited (on_slot_exit). Either way production restarts the slot from the journaled
+state (a worker restart in GetStats), with a new actor. A new actor waits for a node with room
+for as long as the cluster answers: after STALL_REPORT_S the backend reports the stall
+(on_stalled: "waiting N s for a Ray node with 1 CPU ...", refreshed every STALL_REPORT_S), so
+the dataset is NOT_SERVING saying why, and serves again once a node takes the actor. A cluster
+that goes away while no call is in flight (every slot idle behind a full backlog) is noticed
+by a watch that asks the head every CLUSTER_CHECK_S: the idle slots are reported exited, and
+their restart finds the cluster gone, so the dataset turns NOT_SERVING then, not when the next
+file is wanted. The provider's own errors raise ProduceFailed.
 
 Requirements: provider inputs (args' paths, relative to the config directory) and the data
 root's dataset directory must be at the same paths on every node that may run an actor, and
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,11 +51,12 @@ from queue_server.production.ray_actor import Failed, Made, ProviderActor, Start
 from queue_server.production.ray_calls import (
     CLUSTER_CHECK_S,
     ClusterGone,
+    actor_died,
     actor_reply,
     awaitable,
     check_some_node_matches,
-    gist,
     head_answers,
+    stall_message,
 )
 from queue_server.production.ray_connect import (
     LOCAL,
@@ -62,6 +67,12 @@ from queue_server.production.ray_connect import (
     placement_options,
 )
 
+log = logging.getLogger("queue_server.production")
+
+# How long a new actor may wait for a node before the wait is reported, and how often the
+# report's "waiting N s" is brought up to date.
+STALL_REPORT_S = 10.0
+
 
 @dataclass
 class _Slot:
@@ -69,7 +80,8 @@ class _Slot:
     incarnation: str = ""
     node_id: str = ""
     pid: int = 0
-    restarts: int = 0
+    gone: bool = False  # stopped or killed by the server, or found dead
+    watch: asyncio.Task[None] | None = None
 
 
 class RayBackend(ProductionBackend):
@@ -83,7 +95,7 @@ class RayBackend(ProductionBackend):
     cwd: the config directory, where relative provider paths are resolved on every node.
     ray_address, placement: the dataset's ray_address and ray_placement.
     num_cpus: the logical CPUs each actor reserves on its node (default: actor_cpus).
-    start_timeout_s: how long a slot may wait for a node to take its actor.
+    stall_report_s: how long a new actor waits for a node before on_stalled is told.
     """
 
     def __init__(
@@ -98,7 +110,7 @@ class RayBackend(ProductionBackend):
         ray_address: str = LOCAL,
         placement: str = SPREAD,
         num_cpus: float | None = None,
-        start_timeout_s: float = 120.0,
+        stall_report_s: float = STALL_REPORT_S,
     ) -> None:
         self.split = split
         self.slots = slots
@@ -110,9 +122,12 @@ class RayBackend(ProductionBackend):
         self._meta_json = meta_json
         self._cwd = str(cwd)
         self._num_cpus = actor_cpus(ray_address) if num_cpus is None else num_cpus
-        self._start_timeout_s = start_timeout_s
+        self._stall_report_s = stall_report_s
         self._label = f"{self._init.get('dataset', '?')}/{split}"
         self._slots: dict[int, _Slot] = {}
+        self._restarts: dict[int, int] = {}  # slot -> actors made again for it
+        self._stalled: dict[int, float] = {}  # slot -> when its actor began to wait for a node
+        self._made: set[int] = set()  # slots that had an actor
         self._stateful = False
         self._actor_class: Any = None
         self._connection = 0  # connect()'s number when _actor_class was made
@@ -123,47 +138,35 @@ class RayBackend(ProductionBackend):
         await self._connect()
         if self._watch is None or self._watch.done():
             self._watch = asyncio.ensure_future(self._watch_cluster())
-        reused = self._slots.get(slot)
-        current = reused or self._create(slot)
-        timeout_s = self._start_timeout_s
-        try:
-            reply = await self._call(slot, current.actor.start.remote(self.split, state), timeout_s)
-        except SlotDied:
-            if reused is None:
-                raise
-            # The slot's actor is gone for good (killed, or its node left): a fresh one.
-            self._forget(slot)
-            current = self._create(slot)
-            reply = await self._call(slot, current.actor.start.remote(self.split, state), timeout_s)
+        current = self._slots.get(slot)
+        if current is None or current.gone:
+            if slot in self._made:
+                self._restarts[slot] = self._restarts.get(slot, 0) + 1
+            self._made.add(slot)
+            current = await self._placed(slot)
+        reply = await self._call(slot, current.actor.start.remote(self.split, state))
         if isinstance(reply, Failed):
             raise ProduceFailed(reply.message, reply.errno, reply.kind)
         assert isinstance(reply, Started)
-        current.incarnation, current.node_id, current.pid = (
-            reply.incarnation,
-            reply.node_id,
-            reply.pid,
-        )
+        current.incarnation = reply.incarnation
         self._stateful = reply.stateful
         return reply.stateful
 
     async def produce(self, slot: int, job: ProduceJob) -> ProducedFile:
         current = self._slots.get(slot)
-        if current is None or not current.incarnation:
-            raise SlotDied(f"{self._label}: slot {slot} is not started")
+        if current is None or current.gone or not current.incarnation:
+            raise SlotDied(f"{self._label}: slot {slot} is not started (or its actor died)")
         try:
             overrides = [list(o) for o in job.overrides]  # a mixture's SetMixture calls
             ref = current.actor.produce.remote(job.split, job.seq, job.state, overrides)
         except Exception as exc:  # a handle of an older join: another split joined again
             raise SlotDied(f"{self._label}: slot {slot}'s actor is unreachable: {exc}") from exc
         reply = await self._call(slot, ref)
-        if reply.incarnation != current.incarnation:
-            current.restarts += 1
-            if self._stateful:
-                raise SlotDied(
-                    f"{self._label}: the Ray actor of slot {slot} restarted (it ran on node "
-                    f"{current.node_id}) and lost its stream; the slot restarts from the journal"
-                )
-            current.incarnation = reply.incarnation  # a stateless provider lost nothing
+        if reply.incarnation != current.incarnation:  # never, as Ray restarts no actor
+            raise SlotDied(
+                f"{self._label}: the Ray actor of slot {slot} was constructed again (it ran on "
+                f"node {current.node_id}) and lost its stream; the slot restarts from the journal"
+            )
         if isinstance(reply, Failed):
             raise ProduceFailed(reply.message, reply.errno, reply.kind)
         assert isinstance(reply, Made)
@@ -189,6 +192,7 @@ class RayBackend(ProductionBackend):
         current = self._slots.pop(slot, None)
         if current is None:
             return
+        self._retire(current)
         ray = import_ray()
         with contextlib.suppress(Exception):  # dead already, or slow to stop: killed anyway
             await asyncio.wait_for(awaitable(current.actor.stop.remote()), 5.0)
@@ -203,6 +207,7 @@ class RayBackend(ProductionBackend):
         self._stop_watch()
         for slot in list(self._slots):
             self._forget(slot)
+        self._stalled.clear()
 
     async def _watch_cluster(self) -> None:
         """Report every slot exited once the head stops answering (see the module's doc)."""
@@ -231,12 +236,13 @@ class RayBackend(ProductionBackend):
 
     def workers(self) -> list[WorkerPlace]:
         return [
-            WorkerPlace("provider", slot, "ray", s.pid, s.node_id, s.restarts)
+            WorkerPlace("provider", slot, "ray", s.pid, s.node_id, self._restarts.get(slot, 0))
             for slot, s in sorted(self._slots.items())
+            if not s.gone
         ]
 
     def stats(self) -> dict[str, Any] | None:
-        """Where each slot's actor runs, and how often Ray restarted it."""
+        """Where each slot's actor runs, and how often it was made again."""
         return {
             "backend": "ray",
             "ray_address": self.ray_address,
@@ -246,9 +252,10 @@ class RayBackend(ProductionBackend):
                     "slot": slot,
                     "node_id": s.node_id,
                     "pid": s.pid,
-                    "restarts": s.restarts,
+                    "restarts": self._restarts.get(slot, 0),
                 }
                 for slot, s in sorted(self._slots.items())
+                if not s.gone
             ],
         }
 
@@ -264,7 +271,9 @@ class RayBackend(ProductionBackend):
         if connection == self._connection:
             return
         ray = import_ray()
-        self._slots.clear()  # handles of an older join are dead: every slot gets a new actor
+        for current in self._slots.values():  # handles of an older join are dead
+            self._retire(current)
+        self._slots.clear()  # every slot gets a new actor
         await asyncio.to_thread(
             check_some_node_matches, ray, self._options, self.placement, self.ray_address
         )
@@ -274,23 +283,96 @@ class RayBackend(ProductionBackend):
     def _create(self, slot: int) -> _Slot:
         init = {**self._init, "worker_index": slot, "num_workers": self.slots}
         actor = self._actor_class.options(
-            max_restarts=-1,
-            max_task_retries=-1,
+            max_restarts=0,  # a new actor is the server's to make: see the module's doc
+            max_task_retries=0,
+            max_concurrency=2,  # a call, and the watch that tells of its death
             num_cpus=self._num_cpus,
             **self._options,
         ).remote(init, self._meta_json, self._cwd)
         self._slots[slot] = created = _Slot(actor)
+        created.watch = asyncio.ensure_future(self._watch_actor(slot, created))
         return created
+
+    async def _placed(self, slot: int) -> _Slot:
+        """A new actor for the slot, once a node has taken it. It waits while the cluster
+        answers; a wait longer than stall_report_s is reported (on_stalled) until it ends.
+        An actor that dies before it answers (placed on a node that was going away, before
+        the head knew) is no provider's failure: another one is made, and the wait goes on."""
+        ray = import_ray()
+        began = asyncio.get_running_loop().time()
+        try:
+            while True:
+                current = self._create(slot)
+                ref = current.actor.where.remote()
+                try:
+                    while True:
+                        try:
+                            where = await self._call(slot, ref, self._stall_report_s)
+                            current.node_id, current.pid = where
+                            return current
+                        except asyncio.TimeoutError:
+                            self._stalled.setdefault(slot, began)
+                            self._report_stall()
+                except SlotDied as exc:
+                    if not isinstance(exc.__cause__, ray.exceptions.RayActorError):
+                        raise  # the cluster is gone
+                    log.warning("%s; making another", exc)
+                    self._forget(slot)
+                    await asyncio.sleep(CLUSTER_CHECK_S)  # the head learns of the lost node
+        except BaseException:
+            self._forget(slot)
+            raise
+        finally:
+            if self._stalled.pop(slot, None) is not None:
+                self._report_stall()
+
+    def _report_stall(self) -> None:
+        if self.on_stalled is None:
+            return
+        if not self._stalled:
+            self.on_stalled(None)
+            return
+        waited = asyncio.get_running_loop().time() - min(self._stalled.values())
+        slots = sorted(self._stalled)
+        which = f"slot {slots[0]}" if len(slots) == 1 else f"slots {', '.join(map(str, slots))}"
+        reason = stall_message(waited, self._num_cpus, self.placement, f"{self._label} {which}")
+        log.warning("%s", reason)
+        self.on_stalled(reason)
+
+    async def _watch_actor(self, slot: int, current: _Slot) -> None:
+        """Wait on the actor's never-ending watch call: its end is the actor's death. An idle
+        slot is then reported exited, so stats drop it and production makes a new actor."""
+        died: BaseException | None = None
+        try:
+            await awaitable(current.actor.watch.remote())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            died = exc
+        if current.gone or self._slots.get(slot) is not current:
+            return
+        current.gone = True
+        log.warning(
+            "%s", actor_died(f"{self._label} slot {slot}", current.node_id, current.pid, died)
+        )
+        if self.on_slot_exit is not None:
+            self.on_slot_exit(slot)
+
+    def _retire(self, current: _Slot) -> None:
+        current.gone = True
+        if current.watch is not None:
+            current.watch.cancel()
 
     def _forget(self, slot: int) -> None:
         current = self._slots.pop(slot, None)
         if current is not None:
+            self._retire(current)
             with contextlib.suppress(Exception):
                 import_ray().kill(current.actor, no_restart=True)
 
     async def _call(self, slot: int, ref: Any, timeout_s: float | None = None) -> Any:
-        """The reply to one actor call; Ray's failures become SlotDied or ProduceFailed. A
-        timeout is for a start: a file takes as long as the provider takes."""
+        """The reply to one actor call; Ray's failures become SlotDied or ProduceFailed, and
+        a timeout (for a placement, which may take long) TimeoutError."""
         ray = import_ray()
         try:
             return await actor_reply(ref, ray.get_runtime_context().gcs_address, timeout_s)
@@ -299,13 +381,6 @@ class RayBackend(ProductionBackend):
                 f"{self._label}: the Ray cluster at {self.ray_address!r} is gone (its head does "
                 f"not answer) while slot {slot} waited for its actor"
             ) from None
-        except asyncio.TimeoutError:
-            self._forget(slot)
-            raise SlotDied(
-                f"{self._label}: no Ray node took the actor of slot {slot} within "
-                f"{timeout_s:.0f} s (ray_placement = {self.placement!r}, "
-                f"{self._num_cpus:g} CPU each); `ray status` shows what the cluster has free"
-            ) from None
         except ray.exceptions.RayTaskError as exc:  # the actor's method itself raised
             cause = exc.cause if isinstance(exc.cause, Exception) else exc
             raise ProduceFailed(
@@ -313,7 +388,8 @@ class RayBackend(ProductionBackend):
                 kind=type(cause).__name__,
             ) from exc
         except ray.exceptions.RayError as exc:  # the actor, its node or the cluster is gone
-            raise SlotDied(
-                f"{self._label}: the Ray actor of slot {slot} is gone: "
-                f"{type(exc).__name__}: {gist(exc)}"
-            ) from exc
+            current = self._slots.get(slot)
+            if current is not None:
+                current.gone = True  # out of stats at once; production restarts the slot
+            node, pid = (current.node_id, current.pid) if current else ("", 0)
+            raise SlotDied(actor_died(f"{self._label} slot {slot}", node, pid, exc)) from exc

@@ -9,16 +9,18 @@ from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from queue_server.production.backend import ProduceFailed
-from queue_server.production.ray_connect import _listening as head_answers
+from queue_server.production.ray_probe import listening as head_answers
 
 __all__ = [
     "CLUSTER_CHECK_S",
     "ClusterGone",
+    "actor_died",
     "actor_reply",
     "awaitable",
     "check_some_node_matches",
     "gist",
     "head_answers",
+    "stall_message",
 ]
 
 # How often a call that waits on an actor checks that the cluster's head still answers.
@@ -48,6 +50,22 @@ async def actor_reply(ref: Any, gcs_address: str, timeout_s: float | None = None
                 raise ClusterGone
     finally:
         waiting.cancel()
+
+
+def actor_died(what: str, node_id: str, pid: int, exc: BaseException | None = None) -> str:
+    """One wording for an actor's death, whichever path notices it first: the call in flight,
+    or the watch of an idle actor."""
+    cause = f": {type(exc).__name__}: {gist(exc)}" if exc is not None else ""
+    return f"{what}: its Ray actor died (node {node_id or '?'}, pid {pid or '?'}){cause}"
+
+
+def stall_message(waited_s: float, cpus: float, placement: str, what: str) -> str:
+    """Why nothing is made: a new actor no node has room for yet (Ray waits for one)."""
+    return (
+        f"waiting {waited_s:.0f} s for a Ray node with {cpus:g} CPU free (ray_placement = "
+        f"{placement!r}) to start the actor of {what}; nothing is made for it meanwhile. "
+        "`ray status` shows what the cluster has free; a node that joins with room takes it"
+    )
 
 
 def awaitable(ref: Any) -> Awaitable[Any]:

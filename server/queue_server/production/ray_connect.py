@@ -1,6 +1,6 @@
 """Joining a Ray cluster from the server: the install hint, placement options, and a
 connect that fails within CONNECT_TIMEOUT_S naming the address (ray.init alone may wait
-minutes on an address where no cluster answers)."""
+minutes on an address where no cluster answers), and names a refused token as such."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ from typing import Any
 from queue_client.errors import ConfigError
 from queue_server.config import parse_ray_placement
 from queue_server.production.backend import BackendUnavailable
+from queue_server.production.ray_probe import (
+    HeadRefused,
+    cluster_id,
+    host_port,
+    listening,
+    refused_message,
+)
 
 LOCAL = "local"
 SPREAD = "spread"
@@ -60,6 +67,7 @@ def placement_options(placement: str) -> dict[str, Any]:
 
 _connect_lock = threading.Lock()
 _connected_to: str | None = None
+_joined_cluster: bytes | None = None  # the head's cluster id at the join (None: "local")
 _connections = 0  # how many times this process joined a cluster
 
 
@@ -76,9 +84,10 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
     """Connect this process to Ray, or check it still is: "local" starts a cluster in this
     process; any other address is joined, and joined again after the whole cluster went away.
     Returns a number that changes with every join (actor handles of an older one are dead).
-    Raises RayUnavailable naming the address when no cluster answers within timeout_s.
+    Raises RayUnavailable naming the address when no cluster answers within timeout_s, or
+    naming token authentication when the head refuses this process's token.
     Every backend of a process must name the same address."""
-    global _connected_to, _connections
+    global _connected_to, _connections, _joined_cluster
     ray = import_ray()
     with _connect_lock:
         if _connected_to is not None and ray.is_initialized():
@@ -87,10 +96,11 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
                     f"ray_address = {address!r}, but this server is connected to Ray at "
                     f"{_connected_to!r} already: one server uses one Ray cluster"
                 )
-            if address == LOCAL or _listening(ray.get_runtime_context().gcs_address):
+            if address == LOCAL or _same_cluster(ray.get_runtime_context().gcs_address):
                 return _connections
-            # The whole cluster is gone. A driver cannot follow its head to a new cluster, so
-            # drop this connection and join afresh, which fails until the cluster is back.
+            # The whole cluster is gone, or its head was started again (a new cluster at the
+            # same address). A driver cannot follow its head to a new cluster, so drop this
+            # connection and join afresh, which fails until the cluster is back.
             ray.shutdown()
             _connected_to = None
         # Ray ends a driver whose cluster head is gone for 60 s. The server must outlive its
@@ -124,6 +134,12 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
             ) from exc
         _connected_to = address
         _connections += 1
+        _joined_cluster = None
+        if address != LOCAL:
+            try:
+                _joined_cluster = cluster_id(ray.get_runtime_context().gcs_address)
+            except HeadRefused:
+                _joined_cluster = None
         return _connections
 
 
@@ -139,29 +155,34 @@ def disconnect() -> None:
         import_ray().shutdown()
 
 
-def _listening(address: str, timeout_s: float = 2.0) -> bool:
+def _same_cluster(gcs_address: str) -> bool:
+    """Whether the head at gcs_address still answers as the cluster this process joined."""
     try:
-        _connect_tcp(address, timeout_s)
-    except OSError:
+        now = cluster_id(gcs_address)
+    except HeadRefused:
         return False
-    return True
-
-
-def _connect_tcp(address: str, timeout_s: float) -> None:
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if sep and port.isdigit():  # "auto" and friends: ray.init finds the cluster itself
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    if now is None:  # no answer in time: a head busy on a loaded machine is not a gone one
+        return listening(gcs_address)
+    return _joined_cluster is None or now == _joined_cluster
 
 
 def _probe(address: str, timeout_s: float) -> None:
-    """Fail fast where nothing listens: ray.init itself would retry for minutes."""
+    """Fail fast where nothing listens, or where the head refuses our token: ray.init
+    itself would retry for minutes, saying why only in Ray's log."""
+    where = host_port(address)
+    if where is None:  # "auto" and friends: ray.init finds the cluster itself
+        return
     try:
-        _connect_tcp(address, timeout_s)
+        socket.create_connection(where, timeout=timeout_s).close()
     except OSError as exc:
         raise RayUnavailable(
             f"ray_address = {address!r}: cannot reach a Ray cluster there "
             f'({exc.strerror or exc}); start one with `ray start --head`, or use "local"'
         ) from None
+    try:
+        cluster_id(address, min(timeout_s, 5.0))
+    except HeadRefused as exc:
+        raise RayUnavailable(refused_message(address, str(exc))) from None
 
 
 def _run_with_deadline(fn: Callable[[], Any], timeout_s: float) -> Any:
