@@ -76,7 +76,7 @@ def cluster_id(address: str, timeout_s: float = 3.0) -> bytes | None:
     token, _ = token_source()
     metadata = (("authorization", f"Bearer {token}"),) if token else None
     with grpc.insecure_channel(f"{where[0]}:{where[1]}") as channel:
-        call = channel.unary_unary(_CLUSTER_ID_METHOD)
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(_CLUSTER_ID_METHOD)
         try:
             return bytes(call(b"", timeout=timeout_s, metadata=metadata))
         except grpc.RpcError as exc:
