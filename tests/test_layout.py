@@ -479,6 +479,14 @@ LAYOUT_MODULE = Path("client/queue_client/layout.py")
 # under the data root belongs in layout.py, not here.
 ALLOWED: dict[tuple[str, str], str] = {
     (
+        "server/queue_server/production/ray_probe.py",
+        'Path.home() / ".ray"',
+    ): "Ray's own token file in the user's home, read as Ray reads it; outside the data root",
+    (
+        "server/queue_server/production/ray_probe.py",
+        'Path.home() / ".ray" / "auth_token"',
+    ): "Ray's own token file in the user's home, read as Ray reads it; outside the data root",
+    (
         "server/queue_server/config.py",
         'Path(__file__).with_name("default_config.toml")',
     ): "the packaged default config beside its module, not under the data root",
