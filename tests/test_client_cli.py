@@ -213,7 +213,21 @@ starting_estimation_token_count = 5000
 input = "{corpus.as_posix()}"
 block_size = 16
 """
-    server = start_server(char_config(corpus, name="stdlib_char") + curriculum)
+    mix = """
+[datasets.mix]
+batch_size = 4
+batches_per_file = 5
+"""
+    for name, weight in (("web", 0.5), ("code", 0.3), ("math", 0.2)):
+        mix += f"""
+[datasets.mix.sources.{name}]
+provider = "char_lm"
+weight = {weight}
+[datasets.mix.sources.{name}.args]
+input = "{corpus.as_posix()}"
+block_size = 16
+"""
+    server = start_server(char_config(corpus, name="stdlib_char") + curriculum + mix)
     lease_id = ""
     ran = []
     for line in grpc_api_commands():
@@ -253,6 +267,7 @@ block_size = 16
         "ReleaseLease",
         "Ping",
         "SetCurriculum",
+        "SetMixture",
     }
     assert every <= methods, f"docs/grpc-api.md has no command for {sorted(every - methods)}"
     assert server.split_stats("stdlib_char")["leased_files"] == 0  # the doc's lease was given back

@@ -107,7 +107,7 @@ def schedule(
 
 
 def read(client: QueueClient, n: int) -> list[dict[str, Any]]:
-    """n batches, each with its position (seq, offset) from the state before it."""
+    """n batches, each with its position (seq, offset in rows) from the state before it."""
     out = []
     for _ in range(n):
         # Before its first batch a fresh client's stream starts at file `rank`.
@@ -129,7 +129,7 @@ def check_rows(batches: list[dict[str, Any]], sched: RowSchedule, ref: Reference
     the source's count there; returns {global row: source} of what was checked."""
     seen: dict[int, int] = {}
     for b in batches:
-        first = b["seq"] * R + b["offset"] * B
+        first = b["seq"] * R + b["offset"]  # the state counts rows into the file
         expected = sched.sources_of(first, first + B)
         assert b["source"].tolist() == expected, (b["seq"], b["offset"])
         counts = sched.counts(first)
@@ -228,7 +228,7 @@ def test_sigkill_and_resume_at_another_world_size_continue_every_source(
             kept += read(c, 1)
             if step == 2:
                 changes.append((c.set_mixture({"web": 0.2, "code": 0.7, "math": 0.1}), None))
-    states = [c.state_dict() for c in clients]  # the checkpoint: mid-file (offset 4 of 5)
+    states = [c.state_dict() for c in clients]  # the checkpoint: mid-file
     for c in clients:
         read(c, 6)  # served, never checkpointed: served again after the resume
         c.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from object_http import ObjectServer
+from support.object_http import ObjectServer
 
 from conftest import subprocess_env
 from queue_client.errors import ConfigError

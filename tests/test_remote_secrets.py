@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote, quote_plus
 
 import pytest
-from object_http import ObjectServer
+from support.object_http import ObjectServer
 
 from conftest import subprocess_env, wait_until
 from queue_client.errors import ConfigError

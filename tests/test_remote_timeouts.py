@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from object_http import ObjectServer, silent_endpoint
+from support.object_http import ObjectServer, silent_endpoint
 
 from conftest import subprocess_env
 from queue_client.errors import ConfigError

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from object_http import ObjectServer, etag_of
+from support.object_http import ObjectServer, etag_of
 from support.s3_server import CREDENTIALS, NO_AMBIENT_CREDENTIALS, S3Server
 
 from queue_client.errors import ConfigError

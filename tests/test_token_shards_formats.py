@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from token_files import write_llmc, write_megatron, write_npy_bad, write_prepared, write_raw
+from support.token_files import write_llmc, write_megatron, write_npy_bad, write_prepared, write_raw
 
 from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError

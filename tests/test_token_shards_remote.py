@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from support.s3_server import CREDENTIALS, NO_AMBIENT_CREDENTIALS, S3Server
-from token_files import write_llmc, write_megatron, write_prepared
+from support.token_files import write_llmc, write_megatron, write_prepared
 
 from queue_client.batchfile import load_batch_file
 from queue_providers import ProviderContext, create

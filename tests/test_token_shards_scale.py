@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from token_files import write_llmc, write_raw
+from support.token_files import write_llmc, write_raw
 
 from conftest import ServerFactory, process_tree
 from queue_client import QueueClient

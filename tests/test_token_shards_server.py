@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from token_files import write_llmc, write_megatron, write_prepared, write_raw
+from support.token_files import write_llmc, write_megatron, write_prepared, write_raw
 
 from conftest import SUPPORT, ServerFactory, subprocess_env
 

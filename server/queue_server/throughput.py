@@ -168,6 +168,9 @@ class Throughput:
         except OSError as exc:
             log.warning("cannot save %s (rates start afresh after a restart): %s", self.path, exc)
         self._saved_at = asyncio.get_running_loop().time()
+        # This task is over as far as _save_soon is concerned: a file consumed during the write
+        # must schedule the next save, not be taken for "a save is running, it will see it".
+        self._saving = None
         if self._dirty:
             self._save_soon()
 
