@@ -80,7 +80,7 @@ def test_each_dataset_logs_what_it_serves_without_v(
     )
     assert line.endswith(
         f"INFO queue_server: dataset chars serving on unix:{sock}: "
-        "splits train (2 workers), val (1 worker); backend local"
+        "splits train (2 workers), val (1 worker, started on its first lease); backend local"
     ), line
     log = server.log()
     assert re.search(
