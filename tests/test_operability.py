@@ -161,6 +161,8 @@ def test_ctrl_c_or_sigterm_mid_file_stops_cleanly(tmp_path: Path, how: str) -> N
     no process prints a traceback, no temp file is left, the workers are gone, and the last
     line says it stopped."""
     config = table("half", "bq_operability_providers:HalfWrittenProvider", "hold_s = 600.0\n")
+    # Two train workers: val starts its worker on its first lease, which never comes here.
+    config = config.replace("max_worker_restarts = 0\n", "max_worker_restarts = 0\nworkers = 2\n")
     server = ServerProcess(
         tmp_path / "server",
         data_root=tmp_path / "data",
