@@ -12,7 +12,8 @@ Rows (the issue's numbering): 1 get_batch vs nanoGPT and a DataLoader, 2 copy vs
 10 each provider's tokens per second per worker process, 11 production on Ray actors against
 a local worker process and 2 actors against 1, 12 text_lm with tiktoken against a Hugging Face
 BPE of the same vocabulary, each beside its raw encoder, 13 a restart after 200,000 files
-served against a start on a fresh root.
+served against a start on a fresh root, 14 launch to SERVING and to the first batch and the
+loader's PSS, beside Grain with 2 workers (extra `peers`).
 The suite starts and stops its own servers, in a temp directory it removes at the end.
 """
 
@@ -38,6 +39,7 @@ from bench import (
     providers,
     ray_production,
     rpc,
+    startup,
     steady,
     tokenizer_speed,
     trainer_loop,
@@ -61,6 +63,7 @@ MODULES = [
     (("11",), ray_production, "production on Ray actors vs a local worker, 2 actors vs 1"),
     (("12",), tokenizer_speed, "text_lm with tiktoken vs a Hugging Face BPE, each vs raw"),
     (("13",), journal_restart, "restart after 200k files served vs a fresh root"),
+    (("14",), startup, "launch to first batch and loader PSS vs Grain"),
 ]
 ALL_ROWS = [row for rows, _, _ in MODULES for row in rows]
 # --only also takes a module's name for its rows.

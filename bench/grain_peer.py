@@ -12,14 +12,15 @@ of every batch read, so the work cannot be skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 
 def pss_mib(pids: list[int]) -> float:
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args(argv)
+    # The trainer's import, here and not at the top: Grain's spawned workers import this
+    # module again, and a pipeline module of its own would not import torch.
+    import torch
+
     began = time.monotonic()
     import grain
 
@@ -106,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         ),
         flush=True,
     )
-    sys.stdout.flush()
-    os._exit(0)  # Grain's workers are daemons; its iterator's teardown is noisy at exit
+    # Grain's teardown at interpreter exit is noisy, and its workers would keep stdout open
+    # after os._exit: they go first.
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(0)
 
 
 if __name__ == "__main__":

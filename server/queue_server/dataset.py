@@ -28,9 +28,9 @@ from queue_client.meta import (
 )
 from queue_client.schema import FieldSpec
 from queue_server.config import DatasetConfig, ServerConfig
-from queue_server.dataset_config import training_split
 from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
+from queue_server.dataset_config import training_split
 from queue_server.leases import LeaseDirectory
 from queue_server.production.backend import ProduceFailed, ProductionBackend, SlotDied
 from queue_server.production.process_pool import ProcessPoolBackend
@@ -145,7 +145,9 @@ class DatasetRuntime:
         """Whether the split's workers start on its first lease rather than at start: every
         split but the training one (and a curriculum's, whose composer needs its candidates)."""
         splits = list(self.meta.get("split_info", ()))
-        curriculum = self.config.selection == "curriculum" and split in self.config.curriculum.splits
+        curriculum = (
+            self.config.selection == "curriculum" and split in self.config.curriculum.splits
+        )
         return split != training_split(splits) and not curriculum
 
     def _backend(self, split: str) -> ProductionBackend:
