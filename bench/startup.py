@@ -23,7 +23,7 @@ import time
 from bench.data import Tokens
 from bench.harness import Result, Settings, median
 from bench.servers import ServerSpec, child_env, dataset_toml, server_toml
-from queue_server.testing import ServerProcess
+from queue_server.testing import ServerProcess, wait_until
 
 B, T = 12, 1024
 WORKERS = 2
@@ -79,6 +79,11 @@ def _launch(settings: Settings, tokens: Tokens, n: int, batches: int) -> dict[st
                 x, y = client.get_batch("train")
                 total += int(x.sum()) + int(y.sum())
             server.wait_ready_files("start", 2)
+            wait_until(
+                lambda: len(server.split_stats("start")["worker_pids"]) == WORKERS,
+                120,
+                "both train workers",
+            )
             pids = [server.pid, *children(server.pid)]
             pss = pss_mib(pids)
         return {
