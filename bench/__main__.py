@@ -13,7 +13,8 @@ Rows (the issue's numbering): 1 get_batch vs nanoGPT and a DataLoader, 2 copy vs
 a local worker process and 2 actors against 1, 12 text_lm with tiktoken against a Hugging Face
 BPE of the same vocabulary, each beside its raw encoder, 13 a restart after 200,000 files
 served against a start on a fresh root, 14 token_shards beside a numpy read of its windows and
-its start at 1 TiB beside 100 MB.
+its start at 1 TiB beside 100 MB, 15 launch to SERVING and to the first batch and the
+loader's PSS, beside Grain with 2 workers (extra `peers`).
 The suite starts and stops its own servers, in a temp directory it removes at the end.
 """
 
@@ -39,6 +40,7 @@ from bench import (
     providers,
     ray_production,
     rpc,
+    startup,
     steady,
     token_shards,
     tokenizer_speed,
@@ -64,6 +66,7 @@ MODULES = [
     (("12",), tokenizer_speed, "text_lm with tiktoken vs a Hugging Face BPE, each vs raw"),
     (("13",), journal_restart, "restart after 200k files served vs a fresh root"),
     (("14",), token_shards, "token_shards: tokens/s per worker vs a numpy read; start at 1 TiB"),
+    (("15",), startup, "launch to first batch and loader PSS vs Grain"),
 ]
 ALL_ROWS = [row for rows, _, _ in MODULES for row in rows]
 # --only also takes a module's name for its rows.

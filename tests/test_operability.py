@@ -80,7 +80,7 @@ def test_each_dataset_logs_what_it_serves_without_v(
     )
     assert line.endswith(
         f"INFO queue_server: dataset chars serving on unix:{sock}: "
-        "splits train (2 workers), val (1 worker); backend local"
+        "splits train (2 workers), val (1 worker, started on its first lease); backend local"
     ), line
     log = server.log()
     assert re.search(
@@ -161,6 +161,8 @@ def test_ctrl_c_or_sigterm_mid_file_stops_cleanly(tmp_path: Path, how: str) -> N
     no process prints a traceback, no temp file is left, the workers are gone, and the last
     line says it stopped."""
     config = table("half", "bq_operability_providers:HalfWrittenProvider", "hold_s = 600.0\n")
+    # Two train workers: val starts its worker on its first lease, which never comes here.
+    config = config.replace("max_worker_restarts = 0\n", "max_worker_restarts = 0\nworkers = 2\n")
     server = ServerProcess(
         tmp_path / "server",
         data_root=tmp_path / "data",

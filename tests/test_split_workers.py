@@ -11,6 +11,7 @@ from conftest import char_config
 from queue_client import QueueClient
 from queue_client.errors import ConfigError
 from queue_server.dataset_config import dataset_from_table, training_split
+from queue_server.testing import wait_until
 
 BASE = {"provider": "char_lm", "batch_size": 4, "args": {"block_size": 8}}
 
@@ -73,15 +74,22 @@ def _pids(server, split: str) -> list[int]:
 
 
 def test_a_server_runs_one_val_worker_unless_told_otherwise(start_server, corpus: Path) -> None:
+    """The training split's workers start with the server; val's one worker (or the
+    split_workers it is told) starts on val's first lease."""
     server = start_server(char_config(corpus, extra="workers = 2"))
-    assert len(_pids(server, "train")) == 2 and len(_pids(server, "val")) == 1
+    wait_until(lambda: len(_pids(server, "train")) == 2, 60, "two train workers")
+    assert _pids(server, "val") == []
     with QueueClient(server.address, "chars") as client:
         for _ in range(6):  # both splits serve, val from its one worker
             client.get_batch("train")
             client.get_batch("val")
+    assert len(_pids(server, "val")) == 1
     server.stop()
     explicit = start_server(
         char_config(corpus, extra="workers = 2\nsplit_workers = { val = 3 }"),
         data_root=server.data_root.parent / "other-root",
     )
-    assert len(_pids(explicit, "train")) == 2 and len(_pids(explicit, "val")) == 3
+    with QueueClient(explicit.address, "chars") as client:
+        client.get_batch("val")
+    assert len(_pids(explicit, "val")) == 3
+    wait_until(lambda: len(_pids(explicit, "train")) == 2, 60, "two train workers")

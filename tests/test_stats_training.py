@@ -130,6 +130,9 @@ def test_backlog_per_rank(start_server, corpus: Path) -> None:
 
 def test_each_worker_reports_its_resident_memory(start_server, corpus: Path) -> None:
     server = start_server(char_config(corpus, extra="workers = 2"))
+    with QueueClient(server.address, "chars") as client:
+        client.get_batch("val")  # val starts its worker on its first lease
+    wait_until(lambda: len(server.split_stats("chars")["worker_pids"]) == 2, 60, "train's workers")
     for split in ("train", "val"):
         stats = server.split_stats("chars", split)
         pids = [int(p) for p in stats["worker_pids"]]

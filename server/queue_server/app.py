@@ -40,6 +40,7 @@ from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
 from queue_server.production import ray_connect
 from queue_server.request_decoding import add_servicer
+from queue_server.production.worker_process import start_forkserver
 from queue_server.root_lock import DataRootLock
 from queue_server.servicer import BatchQueueServicer
 from queue_server.split_queue import SplitQueue
@@ -99,6 +100,7 @@ def describe_serving(runtime: DatasetRuntime, address: str) -> str:
     for split in splits:
         n = config.workers_for(split, splits)
         how = f"{n} worker{'s' if n != 1 else ''}" + (", curriculum" if split in curriculum else "")
+        how += ", started on its first lease" if runtime.lazy_split(split) else ""
         parts.append(f"{split} ({how})")
     backend = config.backend + (f" at {config.ray_address}" if config.backend == "ray" else "")
     return (
@@ -167,6 +169,8 @@ class QueueServer:
         listen = parse_listen(cfg.listen)
         credentials = await asyncio.to_thread(server_credentials, cfg)
         await asyncio.to_thread(self._root_lock.acquire)  # before anything touches the root
+        # Workers fork from a forkserver that imports torch: it starts now, beside our own start.
+        await asyncio.to_thread(start_forkserver)
         self.root_id = await asyncio.to_thread(ensure_root_id, cfg.data_root)
         if not listen.is_loopback:
             log.warning(

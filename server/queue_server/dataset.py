@@ -1,4 +1,10 @@
-"""One served dataset: its meta (built once, in a worker process) and its split queues."""
+"""One served dataset: its meta (built once, in a worker process) and its split queues.
+
+A dataset whose meta is on disk serves (health SERVING) as soon as its journals are
+reconciled: its inputs are checked and its training split's workers start in the background,
+and AcquireLease waits for both, as it waits for any file not made yet. Any other split (val)
+starts its workers on its first lease (`lazy_split`), so a split nobody reads costs nothing.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from queue_client.schema import FieldSpec
 from queue_server.config import DatasetConfig, ServerConfig
 from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
+from queue_server.dataset_config import training_split
 from queue_server.leases import LeaseDirectory
 from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProduceFailed, ProductionBackend, SlotDied
@@ -71,6 +78,9 @@ class DatasetRuntime:
         self.splits: dict[str, SplitQueue] = {}
         self._on_state = on_state
         self.ready = asyncio.Event()
+        # Inputs check and worker starts that run after SERVING; their failure fails it.
+        self._starting: list[asyncio.Task[None]] = []
+        self._inputs_checked = False
 
     @property
     def name(self) -> str:
@@ -112,6 +122,8 @@ class DatasetRuntime:
             config = dataclasses.replace(
                 config, max_backlog_files=settings.candidate_backlog, selection="fifo"
             )
+        elif config.backlog_for(split) != config.max_backlog_files:
+            config = dataclasses.replace(config, max_backlog_files=config.backlog_for(split))
         queue = SplitQueue(
             config,
             split,
@@ -127,10 +139,25 @@ class DatasetRuntime:
             candidates=candidates,
             # A curriculum's candidates are its own business: every rank's (and never node-local).
             served=EVERY_RANK if candidates else self.server.served,
+            gated=not candidates,
+            on_first_acquire=(
+                (lambda: self._in_background(self._start_production(split)))
+                if not candidates and self.lazy_split(split)
+                else lambda: None
+            ),
         )
         if queue.mixture:
             queue.mixture_view = MixtureView(config.args, self.meta, split)
         return queue
+
+    def lazy_split(self, split: str) -> bool:
+        """Whether the split's workers start on its first lease rather than at start: every
+        split but the training one (and a curriculum's, whose composer needs its candidates)."""
+        splits = list(self.meta.get("split_info", ()))
+        curriculum = (
+            self.config.selection == "curriculum" and split in self.config.curriculum.splits
+        )
+        return split != training_split(splits) and not curriculum
 
     def _backend(self, split: str) -> ProductionBackend:
         """What makes the split's files: provider workers, Ray actors, or a curriculum composer."""
@@ -221,13 +248,7 @@ class DatasetRuntime:
         try:
             await self._start()
         except Exception as exc:
-            self.config_error = isinstance(exc, errors.ConfigError) or (
-                isinstance(exc, (WorkerError, ProduceFailed)) and exc.kind == "ConfigError"
-            )
-            known = isinstance(
-                exc, (errors.BatchQueueError, WorkerError, WorkerDied, ProduceFailed, SlotDied)
-            )
-            self.fail(str(exc) if known else f"{type(exc).__name__}: {exc}")
+            self._fail_from(exc)
             return
         if self.state == STARTING:  # a worker may have failed the dataset while others started
             self.state = SERVING
@@ -235,6 +256,48 @@ class DatasetRuntime:
                 self._settle()
         self.ready.set()
         self._on_state(self)
+        if self.state != FAILED:
+            self._in_background(self._start_serving())
+
+    def _fail_from(self, exc: Exception) -> None:
+        self.config_error = isinstance(exc, errors.ConfigError) or (
+            isinstance(exc, (WorkerError, ProduceFailed)) and exc.kind == "ConfigError"
+        )
+        known = isinstance(
+            exc, (errors.BatchQueueError, WorkerError, WorkerDied, ProduceFailed, SlotDied)
+        )
+        self.fail(str(exc) if known else f"{type(exc).__name__}: {exc}")
+
+    def _in_background(self, coro: Any) -> None:
+        """Run a start step after SERVING; its error fails the dataset as one at start would."""
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._fail_from(exc)
+
+        self._starting.append(asyncio.get_running_loop().create_task(guarded()))
+
+    async def _start_serving(self) -> None:
+        """After SERVING: check the inputs (leases wait for it), then start the eager splits'
+        workers; a lazy split's start on its first lease."""
+        if not self._inputs_checked:
+            await self._check_inputs(self.meta)
+            self._inputs_checked = True
+        for queue in self.splits.values():
+            queue.allow_serving()
+        await asyncio.gather(
+            *(self._start_production(s) for s in self.splits if not self.lazy_split(s))
+        )
+
+    async def _start_production(self, split: str) -> None:
+        queue = self.splits[split]
+        await queue.serve_allowed.wait()  # never before the inputs were checked
+        if self.state != FAILED:
+            await queue.start_production()
 
     async def _start(self) -> None:
         await asyncio.to_thread(self.dir.mkdir, parents=True, exist_ok=True)
@@ -253,7 +316,6 @@ class DatasetRuntime:
                     f"`queue-server reset {self.config.name}` (it moves {self.dir} aside, "
                     "nothing is deleted for you) or restore the old config"
                 )
-            await self._check_inputs(meta)
         else:
             builder = self._worker("meta", 0)
             try:
@@ -266,6 +328,7 @@ class DatasetRuntime:
             inputs = json.dumps(reply.get("inputs", {}), sort_keys=True).encode()
             await asyncio.to_thread(atomic_write, self.layout.inputs_file, inputs)
             await asyncio.to_thread(dump_meta, meta_path, meta)
+            self._inputs_checked = True  # just described by the builder
         self.meta = meta
         self.meta_json = await asyncio.to_thread(meta_to_json, meta)  # CPU work: off the loop
         self.client_meta_json = self.meta_json
@@ -282,7 +345,7 @@ class DatasetRuntime:
         for split in meta["split_info"]:
             check_split_name(split)
             self.splits[split] = self._split_queue(split, self._backend(split))
-        await asyncio.gather(*(q.open() for q in self.splits.values()))
+        await asyncio.gather(*(q.open(start_production=False) for q in self.splits.values()))
 
     def _kept_at_built_batch_size(self, meta: dict[str, Any]) -> DatasetConfig | None:
         """The config the dataset dir was built under, when it differs from this one in
@@ -346,6 +409,9 @@ class DatasetRuntime:
         self._on_state(self)
 
     async def close(self) -> None:
+        for task in self._starting:
+            task.cancel()
+        await asyncio.gather(*self._starting, return_exceptions=True)
         await asyncio.gather(*(q.close() for q in self.splits.values()), return_exceptions=True)
 
     def check_serving(self) -> None:

@@ -162,6 +162,9 @@ class DatasetConfig:
     # Worker processes of other splits, by name: an evaluation split is read a few batches
     # at a time, so each gets 1 worker unless named here (split_workers = { val = 2 }).
     split_workers: dict[str, Any] = field(default_factory=dict)
+    # Ready files per rank of other splits, by name (split_max_backlog_files = { val = 1 }):
+    # a split not named here keeps max_backlog_files.
+    split_max_backlog_files: dict[str, Any] = field(default_factory=dict)
     # "deterministic": rank r of W reads seqs r, r+W, ...; "best_effort": any rank takes the
     # next ready file, at most max_lead files ahead of the slowest rank.
     mode: str = "deterministic"
@@ -216,13 +219,18 @@ class DatasetConfig:
         check(self.mode in MODES, f"{where}.mode", self.mode, f"one of {MODES}")
         check(isinstance(self.args, dict), f"{where}.args", self.args, "a table")
         self._check_split_workers(where)
+        self._check_split_table(where, "split_max_backlog_files")
         self._check_curriculum(where)
         self._check_backend(where)
 
     def _check_split_workers(self, where: str) -> None:
-        key = f"{where}.split_workers"
-        check(isinstance(self.split_workers, dict), key, self.split_workers, "a table")
-        for split, count in self.split_workers.items():
+        self._check_split_table(where, "split_workers")
+
+    def _check_split_table(self, where: str, name: str) -> None:
+        """A { split = integer >= 1 } table: split_workers, split_max_backlog_files."""
+        key, table = f"{where}.{name}", getattr(self, name)
+        check(isinstance(table, dict), key, table, "a table such as { val = 1 }")
+        for split, count in table.items():
             try:
                 check_split_name(split)
             except InvalidRequest as exc:
@@ -238,6 +246,11 @@ class DatasetConfig:
         if split not in splits or split == training_split(splits):
             return self.workers
         return 1
+
+    def backlog_for(self, split: str) -> int:
+        """Ready files per rank kept ahead of `split`: split_max_backlog_files[split] if set,
+        else max_backlog_files."""
+        return self.split_max_backlog_files.get(split, self.max_backlog_files)
 
     def _check_curriculum(self, where: str) -> None:
         check(

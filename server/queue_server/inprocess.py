@@ -13,8 +13,9 @@ API is synchronous and runs no asyncio; `serve_async` is the same for `async wit
 on a free loopback port (or a private unix socket), and `serve` returns once the health service
 says SERVING, that is once every dataset has started. A config that does not validate raises
 ConfigError in the caller before anything starts; an error of the server while starting (a
-missing corpus, a changed input, a dataset that failed) raises in the caller with the server's
-own message. On exit the server is stopped gracefully (SIGTERM: leases end, workers stop,
+missing corpus, a dataset that failed) raises in the caller with the server's own message. A
+dataset whose meta is built serves before its workers start and its inputs are checked
+(dataset.py): a changed input then fails its first lease with the server's message instead. On exit the server is stopped gracefully (SIGTERM: leases end, workers stop,
 journals are closed), so the data root is left as a restarted server expects it.
 
 The server also ends with its caller: it watches a pipe whose only write end the caller holds

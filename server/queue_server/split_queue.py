@@ -61,6 +61,8 @@ class SplitQueue:
         verbose: bool = False,
         candidates: bool = False,
         served: ServedRanks = EVERY_RANK,
+        gated: bool = False,
+        on_first_acquire: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.split = split
@@ -139,6 +141,14 @@ class SplitQueue:
         self._tasks = BackgroundTasks()
         self._failed: str | None = None
         self._closed = False
+        # Set once the dataset may hand out this split's files (its inputs were checked);
+        # `gated` leaves it to the dataset, else it is set from the start. Acquire waits on it.
+        self.serve_allowed = asyncio.Event()
+        if not gated:
+            self.serve_allowed.set()
+        # Called on the first acquire: a lazy split's production starts then (dataset.py).
+        self._on_first_acquire: Callable[[], None] | None = on_first_acquire
+        self._production_started = False
 
     @property
     def files(self) -> dict[int, FileEntry]:
@@ -158,9 +168,9 @@ class SplitQueue:
             self._directory.discard(lease_id, why)
 
     # ---- lifecycle -----------------------------------------------------------------------
-    async def open(self) -> None:
+    async def open(self, start_production: bool = True) -> None:
         """Reconcile the directory with the journal (compacting a long one), then start
-        production."""
+        production (or leave that to start_production)."""
         try:
             summary = await asyncio.to_thread(
                 reconcile, self.dir, self.quarantine, self.journal, self.state
@@ -187,8 +197,37 @@ class SplitQueue:
         self.alpha_overrides = [(c.at, c.alpha) for c in changes if isinstance(c, AlphaChange)]
         self.mixture_changes = [(c.at, c.weights) for c in changes if isinstance(c, MixtureChange)]
         self.production.resume(summary.last_forward)
-        await self.production.start()
         self._tasks.spawn(self._reap_leases())
+        if start_production:
+            await self.start_production()
+
+    async def start_production(self) -> None:
+        """Start the split's workers (once): at open, or later for a split started lazily."""
+        if self._production_started:
+            return
+        self._production_started = True
+        await self.production.start()
+
+    @property
+    def production_started(self) -> bool:
+        return self._production_started
+
+    def allow_serving(self) -> None:
+        """The dataset's inputs were checked: acquire may hand out files now."""
+        self.serve_allowed.set()
+        self.changed.notify()
+
+    async def _wait_allowed(self, deadline: float) -> None:
+        """Ask for production once, then wait (up to the deadline) until serving is allowed."""
+        first, self._on_first_acquire = self._on_first_acquire, None
+        if first is not None:
+            first()
+        while not self.serve_allowed.is_set():
+            self._check_serving()
+            if not await self._wait(deadline):
+                raise errors.NoBatchReady(
+                    f"{self.where} is still checking its inputs against meta; retry shortly"
+                )
 
     async def close(self) -> None:
         self._closed = True
@@ -251,13 +290,15 @@ class SplitQueue:
         if not client_id:
             raise errors.InvalidRequest("client_id is empty: each client process sends its own id")
         world = self.schedule.check(rank, world_size, seq, carried)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        if not self.serve_allowed.is_set() or self._on_first_acquire is not None:
+            await self._wait_allowed(deadline)
         self.schedule.adopt(world_size, self.leases.world_sizes(), self.where)
         if not self.schedule.deterministic:
-            return await self._acquire_any(rank, world_size, client_id, wait_s)
+            return await self._acquire_any(rank, world_size, client_id, deadline)
         if seq is None:
             seq = self.schedule.next_for(rank)
         self.schedule.note_request(rank, seq, pin)
-        deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             self._check_serving()
             entry = self.state.files.get(seq)
@@ -276,10 +317,10 @@ class SplitQueue:
                 )
 
     async def _acquire_any(
-        self, rank: int, world_size: int, client_id: str, wait_s: float
+        self, rank: int, world_size: int, client_id: str, deadline: float
     ) -> tuple[Lease, FileEntry]:
         """Best effort: the lowest ready seq, unless this rank is max_lead files ahead."""
-        deadline = asyncio.get_running_loop().time() + wait_s
+        wait_s = deadline - asyncio.get_running_loop().time()
         while True:
             self._check_serving()
             if self.schedule.may_take(rank):

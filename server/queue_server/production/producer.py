@@ -118,8 +118,8 @@ class Production:
         self.plan.resume(last_forward)
 
     async def start(self) -> None:
-        for slot in range(self.slots):
-            await self._start_slot(slot)
+        """Start every slot at once: each worker's provider loads in its own process."""
+        await asyncio.gather(*(self._start_slot(slot) for slot in range(self.slots)))
         self.kick()
 
     async def _start_slot(self, slot: int) -> None:

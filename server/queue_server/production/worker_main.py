@@ -28,6 +28,7 @@ log progress lines (preparation.py) on the worker's stderr, which is the server'
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -49,6 +50,11 @@ from queue_server.logs import configure_logging
 from queue_server.production.preparation import Preparation, input_bytes
 from queue_server.production.provider_init import build_provider, set_weight_changes
 from queue_server.production.replies import produced_reply
+
+# Last of the forkserver's preload: the objects imported so far go to the collector's
+# permanent generation, so that a worker's collections never write to (and so never copy)
+# the pages it shares with the forkserver and the other workers.
+gc.freeze()
 
 
 def run_over_socket(sock: socket.socket, cwd: str) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import socket
 from collections.abc import Callable
 from multiprocessing.context import ForkServerContext
@@ -36,6 +37,14 @@ def _forkserver() -> ForkServerContext:
         ctx.set_forkserver_preload(["queue_server.production.worker_main"])
         _context = ctx
     return _context
+
+
+def start_forkserver() -> None:
+    """Start the forkserver now (it imports torch and the providers on its own, seconds of
+    CPU), so that this runs while the server binds and reads its journals, rather than
+    when the first worker is asked for. Blocks only for the spawn."""
+    _forkserver()
+    multiprocessing.forkserver.ensure_running()
 
 
 def _run_worker(sock: socket.socket, cwd: str) -> None:

@@ -1,0 +1,177 @@
+"""Row 15: what the loader costs before and beside training, against Grain doing the same.
+
+batchqueue: a char_lm dataset (random windows B=12, T=1024, int64 x/y) with 2 train workers,
+on a root whose meta is built (a first server built it and stopped). Timed from the launch
+of `queue-server` to its ready file (bound), to health SERVING, and to the first batch in a
+trainer that was already running; then every batch read is summed, and the PSS of the
+server and all its children (forkserver, workers) is read from /proc/PID/smaps_rollup once
+the backlog is full. A val split nobody reads starts no worker.
+
+Grain (extra `peers`; the row is skipped without it): bench/grain_peer.py in its own
+process, the same windows from train.bin with 2 worker processes, timed from after the
+trainer's imports to its first batch; PSS of its worker processes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+
+from bench.data import Tokens
+from bench.harness import Result, Settings, median
+from bench.servers import ServerSpec, child_env, dataset_toml, server_toml
+from queue_server.testing import ServerProcess, wait_until
+
+B, T = 12, 1024
+WORKERS = 2
+PSS_GOAL_MIB = 300.0
+SERVING_GOAL_S, FIRST_BATCH_GOAL_S = 1.0, 1.5
+
+
+def servers(settings: Settings, tokens: Tokens) -> list[ServerSpec]:
+    return []  # launched here: the launch is what is timed
+
+
+def pss_mib(pids: list[int]) -> float:
+    from bench.grain_peer import pss_mib as pss
+
+    return pss(pids)
+
+
+def _config(settings: Settings, tokens: Tokens) -> str:
+    nb = settings.pick(100, 8)
+    table = dataset_toml(
+        "start",
+        text=tokens.text_path,
+        batch_size=B,
+        block_size=T,
+        batches_per_file=nb,
+        workers=WORKERS,
+    )
+    return server_toml([table])
+
+
+def _launch(settings: Settings, tokens: Tokens, n: int, batches: int) -> dict[str, float]:
+    from bench.grain_peer import children
+    from queue_client import QueueClient
+
+    began = time.monotonic()
+    server = ServerProcess(
+        settings.workdir / f"startup-{n}",
+        data_root=settings.workdir / "startup-root",
+        config_text=_config(settings, tokens),
+        env=child_env(),
+        metrics_listen=None,
+    )
+    try:
+        server.wait_bound(120)
+        bound = time.monotonic() - began
+        server.wait_serving(120)
+        serving = time.monotonic() - began
+        with QueueClient(server.address, "start", rank=0, world_size=1) as client:
+            x, y = client.get_batch("train")
+            first = time.monotonic() - began
+            total = int(x.sum()) + int(y.sum())
+            for _ in range(batches - 1):
+                x, y = client.get_batch("train")
+                total += int(x.sum()) + int(y.sum())
+            server.wait_ready_files("start", 2)
+            wait_until(
+                lambda: len(server.split_stats("start")["worker_pids"]) == WORKERS,
+                120,
+                "both train workers",
+            )
+            pids = [server.pid, *children(server.pid)]
+            pss = pss_mib(pids)
+        return {
+            "bound": bound,
+            "serving": serving,
+            "first": first,
+            "pss": pss,
+            "procs": len(pids),
+            "sum": total,
+        }
+    finally:
+        server.stop()
+
+
+def _grain(tokens: Tokens, batches: int) -> dict[str, float] | None:
+    if importlib.util.find_spec("grain") is None:
+        return None
+    cmd = [sys.executable, "-m", "bench.grain_peer", "--train-bin", str(tokens.train_bin)]
+    cmd += ["--batch-size", str(B), "--block-size", str(T), "--batches", str(batches)]
+    cmd += ["--workers", str(WORKERS)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.grain_peer exited {done.returncode}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(settings: Settings, tokens: Tokens, found: dict) -> list[Result]:
+    batches = settings.pick(200, 10)
+    repeats = settings.pick(3, 1)
+    _launch(settings, tokens, 0, 1)  # builds meta: the timed launches find it built
+    ours, peer = [], []
+    for i in range(repeats):  # interleaved, so that both see the same load
+        ours.append(_launch(settings, tokens, i + 1, batches))
+        got = _grain(tokens, batches)
+        if got is not None:
+            peer.append(got)
+    serving = median([r["serving"] for r in ours])
+    first = median([r["first"] for r in ours])
+    pss = median([r["pss"] for r in ours])
+    procs = int(ours[0]["procs"])
+    results = [
+        Result(
+            "15",
+            "launch to SERVING, meta built",
+            serving,
+            "s",
+            goal=f"<= {SERVING_GOAL_S:g} s",
+            met=serving <= SERVING_GOAL_S,
+            note=f"bound at {median([r['bound'] for r in ours]):.2f} s (interpreter and imports)",
+        ),
+        Result(
+            "15",
+            f"loader PSS, char_lm, {WORKERS} workers",
+            pss,
+            "MiB",
+            goal=f"<= {PSS_GOAL_MIB:g} MiB",
+            met=pss <= PSS_GOAL_MIB,
+            note=f"server and its {procs - 1} children (forkserver, workers, resource tracker); "
+            "val never read: no worker",
+        ),
+    ]
+    first_result = Result(
+        "15",
+        "launch to first batch",
+        first,
+        "s",
+        goal=f"<= {FIRST_BATCH_GOAL_S:g} s",
+        met=first <= FIRST_BATCH_GOAL_S,
+        note="the forkserver's torch import dominates on a loaded machine",
+    )
+    if not peer:
+        results.append(first_result)
+        results.append(
+            Result(
+                "15",
+                "Grain, 2 workers, same windows",
+                None,
+                "",
+                skipped=True,
+                note="grain is not installed (pip install -e '.[peers]')",
+            )
+        )
+        return results
+    g_first = median([r["first_batch_s"] for r in peer])
+    g_pss = median([r["pss_mib"] for r in peer])
+    first_result.ref_name, first_result.ref_value, first_result.ref_unit = "Grain", g_first, "s"
+    first_result.ratio, first_result.ratio_label = first / g_first, "x Grain"
+    results[1].ref_name, results[1].ref_value, results[1].ref_unit = "Grain workers", g_pss, "MiB"
+    results[1].ratio, results[1].ratio_label = pss / g_pss, "x Grain"
+    results.append(first_result)
+    return results
