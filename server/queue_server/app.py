@@ -39,8 +39,8 @@ from queue_server.fetch_streams import FetchStreams
 from queue_server.leases import LeaseDirectory
 from queue_server.metrics import MetricsServer
 from queue_server.production import ray_connect
-from queue_server.request_decoding import add_servicer
 from queue_server.production.worker_process import start_forkserver
+from queue_server.request_decoding import add_servicer
 from queue_server.root_lock import DataRootLock
 from queue_server.servicer import BatchQueueServicer
 from queue_server.split_queue import SplitQueue
