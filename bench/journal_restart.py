@@ -1,7 +1,7 @@
 """Row 13: a server's restart after a long run, against a start on a fresh root.
 
 A long run leaves a long journal: 200,000 files produced and consumed (about 160 bytes per
-produced record, a consumed record beside each). The journal is written through journal.py's
+produced record, a consumed record beside each). The journal is written through journal/records.py's
 own writer and compacted as a server compacts it while it serves (every
 journal_compact_records records; the tail since the last compaction is left as it is, the
 most a restart can find). The row times the real `queue-server` from its start to SERVING on
@@ -21,10 +21,10 @@ from bench.harness import Result, Settings, fmt, median
 from bench.servers import Server, ServerSpec, child_env, dataset_toml, server_toml
 from queue_client.batchfile import BatchFileName
 from queue_client.layout import DatasetLayout
-from queue_server import compaction
-from queue_server.journal import Consumed, Journal, Produced, encode
-from queue_server.reconcile import fill_state
-from queue_server.split_state import SplitState
+from queue_server.journal import compaction
+from queue_server.journal.reconcile import fill_state
+from queue_server.journal.records import Consumed, Journal, Produced, encode
+from queue_server.split.state import SplitState
 from queue_server.testing import ServerProcess
 
 DATASET = "journal_restart"

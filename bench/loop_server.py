@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from queue_server.app import create_server
-from queue_server.config import ServerConfig, load_config
+from queue_server.config.server import ServerConfig, load_config
 
 
 async def _serve(config: ServerConfig, ready_file: Path) -> None:

@@ -52,7 +52,7 @@ def dataset_toml(
 def server_toml(datasets: list[str]) -> str:
     """The [server] table plus datasets. Metrics, where the server has them, bind a free port
     so that several servers can run side by side."""
-    from queue_server.config import ServerConfig
+    from queue_server.config.server import ServerConfig
 
     lines = ["[server]", "lease_ttl_s = 60"]
     if "metrics_listen" in {f.name for f in dataclasses.fields(ServerConfig)}:

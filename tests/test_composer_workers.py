@@ -19,7 +19,7 @@ import pytest
 from conftest import ServerFactory, skewed_corpus, wait_until
 from queue_client import QueueClient
 from queue_client.errors import ConfigError
-from queue_server.config import parse_config, tomllib
+from queue_server.config.server import parse_config, tomllib
 
 NB = 8  # batches per file
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from queue_client.errors import ConfigError
-from queue_server.config import (
+from queue_server.config.server import (
     DEFAULT_LISTEN,
     DatasetConfig,
     ServerConfig,

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 from queue_client.errors import ConfigError
-from queue_server.config import (
+from queue_server.config.server import (
     CURRICULUM_KEYS,
     CurriculumConfig,
     DatasetConfig,

@@ -21,7 +21,7 @@ from queue_client import QueueClient, errors
 from queue_client.batchfile import scan_queue
 from queue_client.cli import main as cli_main
 from queue_client.errors import ConfigError
-from queue_server.config import parse_config, tomllib
+from queue_server.config.server import parse_config, tomllib
 from queue_server.curriculum.composer import ComposerSettings
 from queue_server.curriculum.corpus import kl_divergence
 
@@ -464,7 +464,7 @@ def test_a_curriculum_whose_providers_cannot_write_says_so_and_recovers(
 def test_the_example_config_loads() -> None:
     """examples/configs/curriculum_char.toml, as docs/curriculum.md points users to it."""
     from conftest import ROOT
-    from queue_server.config import load_config
+    from queue_server.config.server import load_config
 
     config = load_config(ROOT / "examples" / "configs" / "curriculum_char.toml")
     (ds,) = config.datasets

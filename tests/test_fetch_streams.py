@@ -33,7 +33,7 @@ from queue_client.fetch import FileFetcher
 from queue_client.rpc import Rpc
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
-from queue_server.file_stream import CHUNK_BYTES
+from queue_server.rpc.file_stream import CHUNK_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 CAP = 6  # server.max_fetch_streams here

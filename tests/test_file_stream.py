@@ -1,4 +1,4 @@
-"""FetchFile's sending side (queue_server.file_stream) on real files: chunks in order with the
+"""FetchFile's sending side (queue_server.rpc.file_stream) on real files: chunks in order with the
 size and crc32 up front, the lease checked before every chunk, short files reported."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from queue_client import errors
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_server.file_stream import (
+from queue_server.rpc.file_stream import (
     CHUNK_BYTES,
     MAX_CHUNK_BYTES,
     MIN_CHUNK_BYTES,

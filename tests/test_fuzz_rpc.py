@@ -266,7 +266,7 @@ def acquire_code(
     """What AcquireLease must answer, in the servicer's order of checks; None: OK, or the
     codes a valid request may meet (no file in time, a world size conflict)."""
     ws = world_size or 1
-    if (  # the bounds of every number, checked before the names (request_bounds.py)
+    if (  # the bounds of every number, checked before the names (rpc/request_bounds.py)
         len(client_id) > 128
         or not 0 <= wait_ms <= 600_000
         or not 0 <= world_size <= 65_536

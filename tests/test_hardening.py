@@ -29,7 +29,7 @@ from queue_client.meta import (
     meta_to_json,
 )
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_server.config import load_config
+from queue_server.config.server import load_config
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 

@@ -53,7 +53,7 @@ def _modules_after(statement: str) -> set[str]:
         ("import queue_client.batchfile, queue_client.meta", {"queue_server", "uvloop", "torch"}),
         ("from queue_client import QueueClient", {"queue_server", "uvloop"}),
         ("import queue_server.app", {"torch"}),
-        ("import queue_server.config", {"torch", "uvloop"}),
+        ("import queue_server.config.server", {"torch", "uvloop"}),
         # Every server start preloads this in its forkserver: no gRPC, no event loop.
         ("import queue_server.production.worker_main", {"grpc", "uvloop"}),
     ],

@@ -17,8 +17,8 @@ from conftest import wait_until
 from queue_client import errors
 from queue_client.batchfile import MAX_SEQ
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_server import journal as journal_module
-from queue_server.journal import (
+from queue_server.journal import records as journal_module
+from queue_server.journal.records import (
     JOURNAL_VERSION,
     Advanced,
     AlphaChange,
@@ -287,8 +287,8 @@ def test_a_start_keeps_the_journaled_files_and_removes_the_unjournaled_ones(
     job (never journaled), and a consumed file whose deletion the stop overtook. The next
     start keeps exactly the journal's view: nothing journaled is lost, nothing else stays."""
     from queue_client.batchfile import BatchFileName
-    from queue_server.reconcile import reconcile
-    from queue_server.split_state import SplitState
+    from queue_server.journal.reconcile import reconcile
+    from queue_server.split.state import SplitState
 
     files, quarantine = tmp_path / "queue", tmp_path / "quarantine"
     files.mkdir()

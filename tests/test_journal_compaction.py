@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import subprocess_env
-from queue_server import compaction
-from queue_server.journal import (
+from queue_server.journal import compaction
+from queue_server.journal.reconcile import fill_state, remove_journal_temps
+from queue_server.journal.records import (
     Advanced,
     AlphaChange,
     Consumed,
@@ -29,8 +30,7 @@ from queue_server.journal import (
     Quarantined,
     Record,
 )
-from queue_server.reconcile import fill_state, remove_journal_temps
-from queue_server.split_state import FileEntry, SplitState
+from queue_server.split.state import FileEntry, SplitState
 
 # ---- a model of what a split journals ------------------------------------------------------
 
@@ -285,10 +285,10 @@ def test_a_crash_at_any_step_leaves_a_journal_that_replays_the_same(tmp_path: Pa
     script = f"""
         import os, sys
         from pathlib import Path
-        from queue_server import compaction
-        from queue_server.journal import Journal
-        from queue_server.reconcile import fill_state
-        from queue_server.split_state import FileEntry, SplitState
+        from queue_server.journal import compaction
+        from queue_server.journal.records import Journal
+        from queue_server.journal.reconcile import fill_state
+        from queue_server.split.state import FileEntry, SplitState
         journal = Journal(Path({str(path)!r}))
         summary = journal.replay()
         journal.open()

@@ -487,11 +487,11 @@ ALLOWED: dict[tuple[str, str], str] = {
         'Path.home() / ".ray" / "auth_token"',
     ): "Ray's own token file in the user's home, read as Ray reads it; outside the data root",
     (
-        "server/queue_server/config.py",
-        'Path(__file__).with_name("default_config.toml")',
+        "server/queue_server/config/server.py",
+        'Path(__file__).parent.with_name("default_config.toml")',
     ): "the packaged default config beside its module, not under the data root",
     (
-        "server/queue_server/config.py",
+        "server/queue_server/config/server.py",
         'config_dir / "data"',
     ): "the default data root itself, beside the config file: the root, not a path under it",
     (

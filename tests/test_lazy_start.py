@@ -15,7 +15,7 @@ from queue_client import QueueClient
 from queue_client.batchfile import BatchFileName
 from queue_client.errors import ConfigError
 from queue_client.layout import DatasetLayout
-from queue_server.dataset_config import dataset_from_table
+from queue_server.config.dataset import dataset_from_table
 from queue_server.testing import wait_until
 
 BASE = {"provider": "char_lm", "batch_size": 4, "args": {"block_size": 8}}

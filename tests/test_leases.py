@@ -8,7 +8,7 @@ import pytest
 
 from queue_client import errors
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_server.leases import LeaseDirectory, LeaseTable, ReleaseOutcome
+from queue_server.split.leases import LeaseDirectory, LeaseTable, ReleaseOutcome
 
 
 class Clock:

@@ -12,7 +12,7 @@ import pytest
 from queue_client.errors import ConfigError
 from queue_providers.base import ProviderContext
 from queue_providers.mixture import MixtureProvider
-from queue_server.config import parse_config, tomllib
+from queue_server.config.server import parse_config, tomllib
 
 
 def parse(text: str, tmp: Path):

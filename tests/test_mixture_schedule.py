@@ -22,7 +22,7 @@ from queue_client.mixture import (
     check_weights,
     quantize,
 )
-from queue_server.journal import (
+from queue_server.journal.records import (
     AlphaChange,
     Folded,
     Journal,
@@ -150,7 +150,7 @@ def test_mixture_changes_survive_the_journal_and_a_snapshot(tmp_path: Path) -> N
 def test_a_reader_of_version_4_refuses_mixture_records(monkeypatch: pytest.MonkeyPatch) -> None:
     """A version-4 server would skip a SetMixture record and make rows by the old weights."""
     from queue_client import errors
-    from queue_server import journal as journal_module
+    from queue_server.journal import records as journal_module
 
     obj = json.loads(encode(MixtureChange(3, {"a": 1.0}, 0)))
     monkeypatch.setattr(journal_module, "JOURNAL_VERSION", 4)

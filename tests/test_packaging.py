@@ -18,7 +18,7 @@ import yaml
 
 from conftest import ROOT, char_config, subprocess_env, tiny_corpus, wait_until
 from queue_client import QueueClient
-from queue_server.config import load_config
+from queue_server.config.server import load_config
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 

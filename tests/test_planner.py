@@ -6,10 +6,10 @@ job completes at once (a published file lands on disk, an advanced seq is journa
 
 from __future__ import annotations
 
+from queue_server.config.served_ranks import ServedRanks
 from queue_server.production.planner import Job, Planner
-from queue_server.schedule import DETERMINISTIC, Schedule
-from queue_server.served_ranks import ServedRanks
-from queue_server.split_state import FileEntry, SplitState
+from queue_server.split.schedule import DETERMINISTIC, Schedule
+from queue_server.split.state import FileEntry, SplitState
 
 NODE = ServedRanks(frozenset({2, 3}), world_size=4)  # the second node of two, 2 ranks each
 

@@ -24,7 +24,7 @@ from ray_cluster import PINNED_LABEL, SUPPORT, RayCluster
 from conftest import subprocess_env, tiny_corpus
 from queue_client.errors import ConfigError
 from queue_client.meta import meta_from_json, meta_to_json
-from queue_server.config import DatasetConfig
+from queue_server.config.server import DatasetConfig
 from queue_server.production.backend import ProducedFile, ProduceFailed, ProduceJob, SlotDied
 from queue_server.production.provider_init import build_provider
 from queue_server.production.ray_backend import RayBackend

@@ -615,7 +615,7 @@ def test_a_tokenized_provider_reads_its_inputs_at_urls(
 def test_the_remote_table_is_not_part_of_the_config_fingerprint(tmp_path: Path) -> None:
     """How URL inputs are fetched (cache size, endpoint, retries) may change without a
     rebuild; the inputs themselves may not."""
-    from queue_server.config import parse_config
+    from queue_server.config.server import parse_config
 
     def fingerprint(args: dict[str, Any]) -> str:
         table = {"datasets": {"d": {"provider": "text_lm", "batch_size": 1, "args": args}}}

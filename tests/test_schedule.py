@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from queue_client import errors
 from queue_client.world import World
-from queue_server.schedule import BEST_EFFORT, DETERMINISTIC, MAX_WORLD_SIZE, Schedule
-from queue_server.served_ranks import ServedRanks
+from queue_server.config.served_ranks import ServedRanks
+from queue_server.split.schedule import BEST_EFFORT, DETERMINISTIC, MAX_WORLD_SIZE, Schedule
 
 
 def _walk(schedule: Schedule, rank: int, files: int) -> list[int]:

@@ -21,8 +21,8 @@ from queue_client.batchfile import scan_queue
 from queue_client.errors import ConfigError
 from queue_client.layout import DatasetLayout, is_temp_name
 from queue_server import DatasetConfig, ServeError, ServerConfig, parse_config, serve, serve_async
-from queue_server.config_tables import server_tables
-from queue_server.journal import Journal
+from queue_server.config.tables import server_tables
+from queue_server.journal.records import Journal
 from queue_server.root_lock import DataRootLock
 
 if sys.version_info >= (3, 11):
@@ -174,7 +174,7 @@ def test_the_data_root_is_consistent_after_exit_and_serves_again(
     # just before the server closed its socket leaves it published but never journaled
     # (journal first, memory after: the line comes after the worker's reply). Such a file is
     # only ever a seq the server was making past every journaled one, and the next start
-    # removes it (reconcile.py) and makes that seq again, identically. A consumed file whose
+    # removes it (journal/reconcile.py) and makes that seq again, identically. A consumed file whose
     # deletion the stop overtook is on disk too, and goes the same way. (One worker here, so
     # seqs are made in order and the one in flight is past every journaled one.)
     journaled = set(summary.produced) | summary.consumed

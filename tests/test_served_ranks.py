@@ -13,8 +13,8 @@ import pytest
 
 from queue_client.errors import ConfigError
 from queue_server.cli import _parse_args, build_config
-from queue_server.config import parse_config
-from queue_server.served_ranks import EVERY_RANK, ServedRanks, format_ranks, resolve
+from queue_server.config.served_ranks import EVERY_RANK, ServedRanks, format_ranks, resolve
+from queue_server.config.server import parse_config
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,7 +10,7 @@ import pytest
 from conftest import char_config
 from queue_client import QueueClient
 from queue_client.errors import ConfigError
-from queue_server.dataset_config import dataset_from_table, training_split
+from queue_server.config.dataset import dataset_from_table, training_split
 from queue_server.testing import wait_until
 
 BASE = {"provider": "char_lm", "batch_size": 4, "args": {"block_size": 8}}

@@ -361,7 +361,7 @@ def test_document_ids_are_seen_once_per_epoch_in_bin_mode(tmp_path: Path) -> Non
 
 
 def test_the_example_config_loads_and_serves(tmp_path: Path, monkeypatch) -> None:
-    from queue_server.config import load_config
+    from queue_server.config.server import load_config
 
     example = Path(__file__).resolve().parent.parent / "examples" / "configs" / "text_lm.toml"
     (ds,) = load_config(example).datasets

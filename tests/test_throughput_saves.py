@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from queue_server.throughput import Throughput
+from queue_server.split.throughput import Throughput
 
 
 def saved_files(path: Path) -> int:

@@ -37,7 +37,7 @@ from queue_client.stream import LeaseRef
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 from queue_server.app import ensure_root_id
-from queue_server.config import parse_config
+from queue_server.config.server import parse_config
 
 CHUNK = 64 << 10  # the smallest chunk a client may ask for: several per file
 NB = 5  # batches per file

@@ -10,7 +10,7 @@
         candidates/<split>/               curriculum candidates
         quarantine/<split>/               files that failed to verify, NAME.reason.txt beside
         quarantine/<split>/candidates/    the same for curriculum candidates
-        journal/<split>.jsonl             the split's journal (queue_server.journal)
+        journal/<split>.jsonl             the split's journal (queue_server.journal.records)
         journal/<split>.candidates.jsonl  the journal of its curriculum candidates
         stats/<split>.throughput.json     the split's consumption over the last minute (rates)
         curriculum/corpus-<key>.npy       cached corpus token distributions

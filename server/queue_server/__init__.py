@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 _HOMES = {
     "QueueServer": "queue_server.app",
     "create_server": "queue_server.app",
-    "DatasetConfig": "queue_server.config",
-    "ServerConfig": "queue_server.config",
-    "load_config": "queue_server.config",
-    "parse_config": "queue_server.config",
+    "DatasetConfig": "queue_server.config.server",
+    "ServerConfig": "queue_server.config.server",
+    "load_config": "queue_server.config.server",
+    "parse_config": "queue_server.config.server",
     "ServeError": "queue_server.inprocess",
     "serve": "queue_server.inprocess",
     "serve_async": "queue_server.inprocess",
@@ -35,7 +35,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from queue_server.app import QueueServer, create_server
-    from queue_server.config import DatasetConfig, ServerConfig, load_config, parse_config
+    from queue_server.config.server import DatasetConfig, ServerConfig, load_config, parse_config
     from queue_server.inprocess import ServeError, serve, serve_async
 
 

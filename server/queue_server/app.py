@@ -32,18 +32,18 @@ from grpc_reflection.v1alpha import reflection
 from queue_client.errors import ConfigError
 from queue_client.layout import atomic_write, root_id_file
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_server.auth import TokenInterceptor
-from queue_server.config import ServerConfig, parse_listen
+from queue_server.config.server import ServerConfig, parse_listen
 from queue_server.dataset import FAILED, SERVING, DatasetRuntime
-from queue_server.fetch_streams import FetchStreams
-from queue_server.leases import LeaseDirectory
-from queue_server.metrics import MetricsServer
 from queue_server.production import ray_connect
 from queue_server.production.worker_process import start_forkserver
-from queue_server.request_decoding import add_servicer
 from queue_server.root_lock import DataRootLock
-from queue_server.servicer import BatchQueueServicer
-from queue_server.split_queue import SplitQueue
+from queue_server.rpc.auth import TokenInterceptor
+from queue_server.rpc.fetch_streams import FetchStreams
+from queue_server.rpc.metrics import MetricsServer
+from queue_server.rpc.request_decoding import add_servicer
+from queue_server.rpc.servicer import BatchQueueServicer
+from queue_server.split.leases import LeaseDirectory
+from queue_server.split.queue import SplitQueue
 from queue_server.temp_sweep import remove_orphan_temp_files
 from queue_server.unix_socket import claim_socket_path, remove_socket, socket_identity
 

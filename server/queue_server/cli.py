@@ -27,7 +27,7 @@ from typing import Any
 from queue_client.errors import ConfigError, InvalidRequest
 from queue_client.layout import atomic_write
 from queue_server.app import QueueServer
-from queue_server.config import ServerConfig, load_config, parse_listen
+from queue_server.config.server import ServerConfig, load_config, parse_listen
 from queue_server.dataset import DatasetRuntime
 from queue_server.logs import configure_logging
 from queue_server.reset import NothingToReset, reset_dataset

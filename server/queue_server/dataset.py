@@ -27,17 +27,17 @@ from queue_client.meta import (
     validate_meta,
 )
 from queue_client.schema import FieldSpec
-from queue_server.config import DatasetConfig, ServerConfig
+from queue_server.config.dataset import training_split
+from queue_server.config.served_ranks import EVERY_RANK
+from queue_server.config.server import DatasetConfig, ServerConfig
 from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
-from queue_server.dataset_config import training_split
-from queue_server.leases import LeaseDirectory
 from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProduceFailed, ProductionBackend, SlotDied
 from queue_server.production.process_pool import ProcessPoolBackend
 from queue_server.production.worker_process import WorkerDied, WorkerError, WorkerProcess
-from queue_server.served_ranks import EVERY_RANK
-from queue_server.split_queue import SplitQueue
+from queue_server.split.leases import LeaseDirectory
+from queue_server.split.queue import SplitQueue
 
 log = logging.getLogger("queue_server.dataset")
 

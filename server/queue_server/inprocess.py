@@ -24,7 +24,7 @@ it, and the server stops the same graceful way, then removes its private folder.
 keeps the port, the workers, or the data root's lock.
 
 `python -m queue_server.inprocess --spec SPEC.json ...` is the child's entry point, and it is
-`queue-server` itself: the config crosses as the plain tables of a TOML file (config_tables.py)
+`queue-server` itself: the config crosses as the plain tables of a TOML file (config/tables.py)
 plus the folder that relative paths are relative to, so a config that never was a file keeps
 its meaning.
 """
@@ -52,8 +52,8 @@ from grpc_health.v1 import health_pb2
 
 from queue_client.errors import ConfigError
 from queue_client.wire import batchqueue_pb2 as pb
-from queue_server.config import DatasetConfig, ServerConfig, parse_config
-from queue_server.config_tables import check_json, server_tables
+from queue_server.config.server import DatasetConfig, ServerConfig, parse_config
+from queue_server.config.tables import check_json, server_tables
 from queue_server.dataset import FAILED
 from queue_server.parent_watch import ParentPipe, watch_parent
 from queue_server.testing import ServerExited, ServerProcess, wait_until

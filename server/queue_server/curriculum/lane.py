@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from queue_client import errors
 from queue_server.curriculum.shards import best_of
-from queue_server.leases import ReleaseOutcome
 from queue_server.production.backend import (
     ProducedFile,
     ProduceFailed,
@@ -38,9 +37,10 @@ from queue_server.production.backend import (
     WorkerPlace,
 )
 from queue_server.production.worker_process import WorkerDied, WorkerError
+from queue_server.split.leases import ReleaseOutcome
 
 if TYPE_CHECKING:
-    from queue_server.split_queue import SplitQueue
+    from queue_server.split.queue import SplitQueue
 
 log = logging.getLogger("queue_server.curriculum")
 

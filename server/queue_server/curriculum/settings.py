@@ -10,7 +10,7 @@ from typing import Any
 
 from queue_client import errors
 from queue_client.meta import split_schema
-from queue_server.config import DatasetConfig
+from queue_server.config.server import DatasetConfig
 from queue_server.curriculum.schedule import AlphaSchedule
 
 

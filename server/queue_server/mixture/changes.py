@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from queue_client import errors
 from queue_client.mixture import check_weights
-from queue_server.config import DatasetConfig
-from queue_server.journal import MixtureChange
+from queue_server.config.server import DatasetConfig
+from queue_server.journal.records import MixtureChange
 
 if TYPE_CHECKING:
-    from queue_server.split_queue import SplitQueue
+    from queue_server.split.queue import SplitQueue
 
 log = logging.getLogger("queue_server.mixture")
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from queue_server.schedule import Schedule
-from queue_server.split_state import SplitState
+from queue_server.split.schedule import Schedule
+from queue_server.split.state import SplitState
 
 
 @dataclass(frozen=True)

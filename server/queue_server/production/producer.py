@@ -8,7 +8,7 @@ first time and then after a delay doubling from 0.5 s to 30 s while it keeps fai
 that dies at start or on every file does not spin), reset by the slot's next file made. Each
 slot counts its own failures in a row: slots that die together (the actors of a lost Ray node)
 are not one slot failing again and again. Nothing is made while the split's journal cannot be
-written (journal_keeper.py).
+written (journal/keeper.py).
 
 Which backend makes the file (worker processes here, Ray actors elsewhere, a curriculum
 composer) is the backend's business; nothing here depends on it.
@@ -26,9 +26,8 @@ from typing import Any
 
 from queue_client import errors
 from queue_server.background import BackgroundTasks
-from queue_server.journal import Advanced, Produced, StaleOffset
-from queue_server.journal_keeper import JournalKeeper
-from queue_server.leases import LeaseTable
+from queue_server.journal.keeper import JournalKeeper
+from queue_server.journal.records import Advanced, Produced, StaleOffset
 from queue_server.production.backend import (
     BackendUnavailable,
     ProducedFile,
@@ -38,9 +37,10 @@ from queue_server.production.backend import (
     SlotDied,
 )
 from queue_server.production.planner import Job, Planner
-from queue_server.schedule import Schedule
 from queue_server.signal import Signal
-from queue_server.split_state import FileEntry, SplitState
+from queue_server.split.leases import LeaseTable
+from queue_server.split.schedule import Schedule
+from queue_server.split.state import FileEntry, SplitState
 
 log = logging.getLogger("queue_server.production")
 

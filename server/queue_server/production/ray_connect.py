@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from queue_client.errors import ConfigError
-from queue_server.config import parse_ray_placement
+from queue_server.config.server import parse_ray_placement
 from queue_server.production.backend import BackendUnavailable
 from queue_server.production.ray_probe import (
     HeadRefused,

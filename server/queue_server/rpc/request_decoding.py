@@ -5,7 +5,7 @@ The generated `add_BatchQueueServicer_to_server` parses each request with the me
 FromString, so bytes that are not the message raise DecodeError inside gRPC, which answers
 UNKNOWN with a Python traceback's words. Here the same handlers are built from the service
 descriptor, and a request that fails to parse reaches the servicer as an UndecodableRequest,
-which its error translation (servicer.py) refuses as InvalidRequest naming the message type.
+which its error translation (rpc/servicer.py) refuses as InvalidRequest naming the message type.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from queue_client.batchfile import scan_queue
 from queue_client.layout import TMP_PREFIX, remove_temp_files
-from queue_server.journal import Journal, JournalLost, JournalSummary
-from queue_server.split_state import FileEntry, SplitState
+from queue_server.journal.records import Journal, JournalLost, JournalSummary
+from queue_server.split.state import FileEntry, SplitState
 
 
 def check_journal_present(journal: Journal, directory: Path, quarantine: Path) -> None:

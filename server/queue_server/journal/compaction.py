@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from queue_client.layout import atomic_write, temp_path
-from queue_server.journal import (
+from queue_server.journal.records import (
     Advanced,
     AlphaChange,
     Folded,
@@ -34,7 +34,7 @@ from queue_server.journal import (
     Snapshot,
     encode,
 )
-from queue_server.split_state import SplitState
+from queue_server.split.state import SplitState
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError
-from queue_server.config import CURRICULUM_KEYS, DatasetConfig, ServerConfig
+from queue_server.config.server import CURRICULUM_KEYS, DatasetConfig, ServerConfig
 
 # ServerConfig fields that are not [server] keys.
 _NOT_KEYS = {"datasets", "config_dir", "verbose", "served"}

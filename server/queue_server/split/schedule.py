@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from queue_client import errors
 from queue_client.world import World
-from queue_server.served_ranks import MAX_WORLD_SIZE, ServedRanks
+from queue_server.config.served_ranks import MAX_WORLD_SIZE, ServedRanks
 
 DETERMINISTIC, BEST_EFFORT = "deterministic", "best_effort"
 # Past this many ranks only the ranks seen so far are scanned, not every rank.

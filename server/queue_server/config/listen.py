@@ -6,7 +6,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from queue_client.errors import ConfigError
-from queue_server.config_checks import check
+from queue_server.config.checks import check
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from queue_server.journal import Folded
+from queue_server.journal.records import Folded
 
 
 @dataclass

@@ -9,7 +9,7 @@ handing out the rest of a file that is no longer theirs.
 Memory: a write waits for the client (HTTP/2 flow control), so a stream holds the chunk it
 reads ahead, the chunk being written (with gRPC's serialized copies of it) and nothing more,
 whatever the file's size: about six chunks, 6 MiB at the default size, also for a client that
-never reads. A stream also ends when its lease ends (`ended`, set by fetch_streams.py) while
+never reads. A stream also ends when its lease ends (`ended`, set by rpc/fetch_streams.py) while
 it waits on such a client: the file is closed at once and the client, should it ever read
 again, gets the chunk gRPC already holds and then NOT_FOUND saying why.
 """

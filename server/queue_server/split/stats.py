@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from queue_server.production.backend import WorkerPlace
-from queue_server.split_state import Counters
-from queue_server.training_units import SplitUnits
+from queue_server.split.state import Counters
+from queue_server.split.training_units import SplitUnits
 
 if TYPE_CHECKING:
-    from queue_server.split_queue import SplitQueue
+    from queue_server.split.queue import SplitQueue
 
 
 @dataclass

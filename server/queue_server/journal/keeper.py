@@ -10,7 +10,7 @@ written, when it went away, and when it grew long enough to compact.
 - A journal deleted, replaced or cut shorter under the server (journal.JournalLost) stops the
   split for good, named in the log, stats and health, instead of writing on into a file no
   restart would find.
-- Every `compact_records` records, a compaction (compaction.py) runs beside the appends.
+- Every `compact_records` records, a compaction (journal/compaction.py) runs beside the appends.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import os
 from collections.abc import Callable, Iterable
 
 from queue_client.layout import temp_path
-from queue_server import compaction
 from queue_server.background import BackgroundTasks
-from queue_server.journal import (
+from queue_server.journal import compaction
+from queue_server.journal.records import (
     AlphaChange,
     Consumed,
     Journal,
@@ -32,7 +32,7 @@ from queue_server.journal import (
     MixtureChange,
     Record,
 )
-from queue_server.split_state import SplitState
+from queue_server.split.state import SplitState
 
 log = logging.getLogger("queue_server.journal")
 

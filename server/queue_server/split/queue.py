@@ -1,8 +1,8 @@
 """One split of one dataset: wires its schedule, leases, production and journal together.
 
-The jobs live next door: schedule.py (which seq each rank reads, windows), leases.py (who
+The jobs live next door: schedule.py (which seq each rank reads, windows), split/leases.py (who
 holds which file, until when), production/ (which seq each slot makes next; the backend that
-makes it), journal.py (the record that survives a crash), reconcile.py (disk vs journal at
+makes it), journal/records.py (the record that survives a crash), journal/reconcile.py (disk vs journal at
 start). This class answers the RPCs of one split: acquire, renew, release, SetCurriculum.
 
 Everything here runs on the event loop and never blocks it: files are made in other
@@ -20,8 +20,11 @@ from collections.abc import Callable
 from queue_client import errors
 from queue_client.layout import DatasetLayout, reason_file
 from queue_server.background import BackgroundTasks
-from queue_server.config import DatasetConfig
-from queue_server.journal import (
+from queue_server.config.served_ranks import EVERY_RANK, ServedRanks
+from queue_server.config.server import DatasetConfig
+from queue_server.journal.keeper import JournalKeeper
+from queue_server.journal.reconcile import reconcile
+from queue_server.journal.records import (
     AlphaChange,
     Consumed,
     Journal,
@@ -29,19 +32,16 @@ from queue_server.journal import (
     MixtureChange,
     Quarantined,
 )
-from queue_server.journal_keeper import JournalKeeper
-from queue_server.leases import Lease, LeaseDirectory, LeaseTable, ReleaseOutcome
 from queue_server.mixture import changes as mixture_changes
 from queue_server.mixture.config import is_mixture
 from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProductionBackend, WorkerPlace
 from queue_server.production.producer import Production
-from queue_server.reconcile import reconcile
-from queue_server.schedule import Schedule
-from queue_server.served_ranks import EVERY_RANK, ServedRanks
 from queue_server.signal import Signal
-from queue_server.split_state import Counters, FileEntry, SplitState
-from queue_server.split_stats import SplitSnapshot, snapshot
+from queue_server.split.leases import Lease, LeaseDirectory, LeaseTable, ReleaseOutcome
+from queue_server.split.schedule import Schedule
+from queue_server.split.state import Counters, FileEntry, SplitState
+from queue_server.split.stats import SplitSnapshot, snapshot
 
 log = logging.getLogger("queue_server.split")
 

@@ -20,19 +20,19 @@ from queue_client.batchfile import check_dataset_name
 from queue_client.codes import status_for
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
-from queue_server import request_bounds
 from queue_server.dataset import DatasetRuntime
-from queue_server.fetch_streams import FetchStreams
-from queue_server.file_stream import chunk_size, stream_file
-from queue_server.leases import LeaseDirectory
-from queue_server.metrics import MetricsServer
 from queue_server.mixture.proto import mixture_proto
 from queue_server.process_memory import rss_of
-from queue_server.request_decoding import UndecodableRequest
-from queue_server.split_queue import SplitQueue
-from queue_server.split_stats import training_view
-from queue_server.throughput import Throughput
-from queue_server.training_units import SplitUnits, split_units
+from queue_server.rpc import request_bounds
+from queue_server.rpc.fetch_streams import FetchStreams
+from queue_server.rpc.file_stream import chunk_size, stream_file
+from queue_server.rpc.metrics import MetricsServer
+from queue_server.rpc.request_decoding import UndecodableRequest
+from queue_server.split.leases import LeaseDirectory
+from queue_server.split.queue import SplitQueue
+from queue_server.split.stats import training_view
+from queue_server.split.throughput import Throughput
+from queue_server.split.training_units import SplitUnits, split_units
 
 log = logging.getLogger("queue_server.servicer")
 
@@ -349,7 +349,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
 
     @_translate
     async def FetchFile(self, request: pb.FetchFileRequest, context: Any) -> None:
-        """Stream a leased file to its holder (file_stream.py): disk reads in a thread, one
+        """Stream a leased file to its holder (rpc/file_stream.py): disk reads in a thread, one
         chunk ahead, each write waiting for the client, the lease checked before each chunk."""
         request_bounds.check_fetch(request)
         chunk_bytes = chunk_size(request.max_chunk_bytes)

@@ -4,7 +4,7 @@
 reads the split queues when scraped (no background bookkeeping; the workers' resident memory
 is read from /proc in a thread just before); no `_created` series (they only restate the
 server's start time); FetchFile's counts (bytes streamed per split, streams open and refused)
-come from fetch_streams.py the same way. `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
+come from rpc/fetch_streams.py the same way. `/healthz` is 200 while every dataset is SERVING, and 503 otherwise
 with one line per other dataset: its name, state and why. The HTTP side is a minimal asyncio responder: it reads
 one request line, answers and closes, so a scrape never blocks gRPC.
 """
@@ -27,14 +27,14 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from queue_server.config import parse_listen
+from queue_server.config.server import parse_listen
 from queue_server.mixture.proto import add_mixture_metrics, mixture_families
 from queue_server.process_memory import rss_of
-from queue_server.training_units import SplitUnits, split_units
+from queue_server.split.training_units import SplitUnits, split_units
 
 if TYPE_CHECKING:
     from queue_server.dataset import DatasetRuntime
-    from queue_server.fetch_streams import FetchStreams
+    from queue_server.rpc.fetch_streams import FetchStreams
 
 log = logging.getLogger("queue_server.metrics")
 

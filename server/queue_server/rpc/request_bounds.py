@@ -19,7 +19,7 @@ system can hold:
   broke gRPC's metadata limit and came back RESOURCE_EXHAUSTED).
 
 Ids are checked where they are looked up (an id nobody holds is NOT_FOUND, or lost in a
-renewal), and ReleaseLease's outcome where the lease is (leases.py), before anything changes.
+renewal), and ReleaseLease's outcome where the lease is (split/leases.py), before anything changes.
 Each refusal here is InvalidRequest (INVALID_ARGUMENT) naming the field, its value and the
 allowed range.
 """
@@ -32,7 +32,7 @@ from queue_client.batchfile import MAX_SEQ
 from queue_client.errors import InvalidRequest
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import MAX_WORLD_SIZE
-from queue_server.leases import MAX_ID_LENGTH
+from queue_server.split.leases import MAX_ID_LENGTH
 
 MAX_WAIT_MS = 10 * 60 * 1000
 MAX_LEASE_IDS = 10_000
@@ -91,7 +91,7 @@ def check_acquire(request: pb.AcquireLeaseRequest) -> None:
 
 def check_release(request: pb.ReleaseLeaseRequest) -> None:
     """ReleaseLease: client_id's length, waited_s (the outcome is checked with the lease, in
-    leases.py)."""
+    split/leases.py)."""
     check_client_id(request.client_id)
     waited = request.waited_s
     if not (math.isfinite(waited) and 0.0 <= waited <= MAX_WAITED_S):

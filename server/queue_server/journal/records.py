@@ -11,7 +11,7 @@ that no rank of this server reads (node-local serving, docs/multi-node.md): no f
 written, but its states are kept, so the stream resumes after it and the seq can still be
 made, byte for byte, if a rank asks for it after all.
 
-A "snapshot" record (compaction.py writes it, first in a compacted journal) holds the folded
+A "snapshot" record (journal/compaction.py writes it, first in a compacted journal) holds the folded
 state of every record it replaced, followed by the `kept` records whose states a restart still
 needs, copied as they were: so a restart reads a journal whose length does not grow with the
 files served. Seqs below its `floor` were read by their rank already and are kept only as

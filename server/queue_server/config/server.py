@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError
-from queue_server.config_checks import check, in_range, is_int
-from queue_server.dataset_config import (  # noqa: F401  (the config's public names, in one place)
+from queue_server.config.checks import check, in_range, is_int
+from queue_server.config.dataset import (  # noqa: F401  (the config's public names, in one place)
     BACKENDS,
     CURRICULUM_KEYS,
     DATASET_KEYS,
@@ -38,9 +38,9 @@ from queue_server.dataset_config import (  # noqa: F401  (the config's public na
     dataset_from_table,
     parse_ray_placement,
 )
-from queue_server.listen import ListenAddress, parse_listen  # noqa: F401
-from queue_server.served_ranks import EVERY_RANK, ServedRanks, spec_text
-from queue_server.served_ranks import resolve as resolve_ranks
+from queue_server.config.listen import ListenAddress, parse_listen  # noqa: F401
+from queue_server.config.served_ranks import EVERY_RANK, ServedRanks, spec_text
+from queue_server.config.served_ranks import resolve as resolve_ranks
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,7 +48,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
-DEFAULT_CONFIG = Path(__file__).with_name("default_config.toml")
+DEFAULT_CONFIG = Path(__file__).parent.with_name("default_config.toml")
 
 
 # Upper bounds, in seconds: a day of lease without renewal, an hour in one AcquireLease call.
@@ -90,7 +90,7 @@ class ServerConfig:
     # true keeps the others serving and reports the failed one NOT_SERVING with its reason.
     keep_serving: bool = False
     # FetchFile streams open at once, server-wide; one more is RESOURCE_EXHAUSTED. Each holds
-    # a few chunks of memory (file_stream.py), so this bounds what streams hold in all.
+    # a few chunks of memory (rpc/file_stream.py), so this bounds what streams hold in all.
     max_fetch_streams: int = 64
     # Where relative provider paths are resolved (the config file's directory).
     config_dir: Path = Path(".")
