@@ -71,11 +71,10 @@ def test_an_actor_killed_mid_file_has_its_seq_made_again(
     ray = start_server(
         gated_config(gate, ray_keys(ray_cluster.address)), data_root=tmp_path / "ray"
     )
-    # Each split's actor (train and val) stops in seq 2: both are killed there.
+    # Train's actor stops in seq 2 and is killed there (val's starts on its first lease, and
+    # nothing reads val here).
     markers = wait_until(
-        lambda: len(found := list(gate.glob("making-2-*"))) == 2 and found,
-        60,
-        "the actors of train and val to start making seq 2",
+        lambda: list(gate.glob("making-2-*")), 60, "train's actor to start making seq 2"
     )
     for marker in markers:
         os.kill(int(marker.name.rsplit("-", 1)[1]), signal.SIGKILL)
@@ -83,7 +82,7 @@ def test_an_actor_killed_mid_file_has_its_seq_made_again(
     got = read_batches(ray, "s", 5 * BPF, tmp_path / "ray.jsonl")
     assert positions(got) == in_order(5)
     stats = audit(ray, "s", consumed_batches={"train": positions(got)})
-    assert all(s["worker_restarts"] >= 1 for s in stats.values()), stats
+    assert stats["train"]["worker_restarts"] >= 1, stats
     assert "slot 0: its Ray actor died" in ray.log(), ray.log_tail()
 
     # The reference: a local worker with the gate open from the start.

@@ -90,6 +90,11 @@ def test_rates_survive_a_restart_and_regenerated_files_are_counted_apart(
     with QueueClient(again.address, "chars") as client:
         client.load_state_dict(checkpoint)
         read(client, 5 * 2)
+        # The client releases finished files in the background: wait for the count to move.
+        wait_until(
+            lambda: again.split_stats("chars")["consumed_files"] > before["consumed_files"],
+            what="the resumed trainer's files counted as consumed",
+        )
         during = again.split_stats("chars")
         assert during["tokens_per_s"] > 0
         assert during["reproduced_files"] >= 2

@@ -59,6 +59,7 @@ def test_the_server_serves_what_the_provider_makes_and_passes_the_verifier(
     with QueueClient(server.address, "web") as client:
         assert client.meta["packing"] == "sequential" and client.meta["vocab_size"] == 257
         served = [client.get_batch("train") for _ in range(12)]
+        client.get_batch("val")  # val's worker starts on its first lease
     layout = DatasetLayout(server.data_root, "web")
 
     def queued() -> dict[str, set[str]]:
