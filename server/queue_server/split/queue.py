@@ -350,7 +350,7 @@ class SplitQueue:
     def why_slow(self) -> str:
         backend = self.production.backend.why_slow()
         if backend:
-            return backend  # a curriculum's provider workers are the ones stuck
+            return f"; {backend}"  # a curriculum's provider workers are the ones stuck
         if self.state.journal_error:
             return f"; {self.state.journal_error}"
         if self.state.last_disk_error:
