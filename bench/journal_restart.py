@@ -22,8 +22,9 @@ from bench.servers import Server, ServerSpec, child_env, dataset_toml, server_to
 from queue_client.batchfile import BatchFileName
 from queue_client.layout import DatasetLayout
 from queue_server.journal import compaction
+from queue_server.journal.file import Journal
 from queue_server.journal.reconcile import fill_state
-from queue_server.journal.records import Consumed, Journal, Produced, encode
+from queue_server.journal.records import Consumed, Produced, encode
 from queue_server.split.state import SplitState
 from queue_server.testing import ServerProcess
 

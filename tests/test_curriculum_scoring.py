@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queue_server.curriculum.composer import CandidateFile
+from queue_server.curriculum.pool import Pool
 from queue_server.curriculum.scoring import (
     FileRows,
-    Pool,
     TokenClasses,
     Weights,
     best,

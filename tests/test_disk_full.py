@@ -23,8 +23,9 @@ from grpc_health.v1 import health_pb2
 
 from conftest import wait_until
 from queue_client.wire import batchqueue_pb2 as pb
+from queue_server.journal.file import Journal
 from queue_server.journal.keeper import JournalKeeper, JournalUnwritable
-from queue_server.journal.records import Consumed, Journal, Record
+from queue_server.journal.records import Consumed, Record
 from queue_server.split.state import SplitState
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -18,13 +18,12 @@ from queue_client import errors
 from queue_client.batchfile import MAX_SEQ
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.journal import records as journal_module
+from queue_server.journal.file import Journal, JournalLost
 from queue_server.journal.records import (
     JOURNAL_VERSION,
     Advanced,
     AlphaChange,
     Consumed,
-    Journal,
-    JournalLost,
     Produced,
     Quarantined,
     decode,

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from conftest import subprocess_env
 from queue_server.journal import compaction
+from queue_server.journal.file import Journal
 from queue_server.journal.reconcile import fill_state, remove_journal_temps
 from queue_server.journal.records import (
     Advanced,
     AlphaChange,
     Consumed,
-    Journal,
     JournalSummary,
     Produced,
     Quarantined,
@@ -286,7 +286,7 @@ def test_a_crash_at_any_step_leaves_a_journal_that_replays_the_same(tmp_path: Pa
         import os, sys
         from pathlib import Path
         from queue_server.journal import compaction
-        from queue_server.journal.records import Journal
+        from queue_server.journal.file import Journal
         from queue_server.journal.reconcile import fill_state
         from queue_server.split.state import FileEntry, SplitState
         journal = Journal(Path({str(path)!r}))

@@ -22,10 +22,10 @@ from queue_client.mixture import (
     check_weights,
     quantize,
 )
+from queue_server.journal.file import Journal
 from queue_server.journal.records import (
     AlphaChange,
     Folded,
-    Journal,
     MixtureChange,
     Snapshot,
     decode,

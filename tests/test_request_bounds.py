@@ -26,7 +26,7 @@ from queue_client.resume import plan_resume
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import MAX_WORLD_SIZE, World
 from queue_server.config.served_ranks import MAX_WORLD_SIZE as SERVER_MAX_WORLD_SIZE
-from queue_server.journal.records import Journal
+from queue_server.journal.file import Journal
 from queue_server.rpc import request_bounds
 
 INT64 = (-(2**63), 2**63 - 1)

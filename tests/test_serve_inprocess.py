@@ -22,7 +22,7 @@ from queue_client.errors import ConfigError
 from queue_client.layout import DatasetLayout, is_temp_name
 from queue_server import DatasetConfig, ServeError, ServerConfig, parse_config, serve, serve_async
 from queue_server.config.tables import server_tables
-from queue_server.journal.records import Journal
+from queue_server.journal.file import Journal
 from queue_server.root_lock import DataRootLock
 
 if sys.version_info >= (3, 11):

@@ -17,7 +17,6 @@ With transport "grpc" the background thread streams the file instead of mapping 
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,8 +27,8 @@ from typing import Literal, Protocol
 import torch
 
 from queue_client import errors
-from queue_client.batchfile import BatchFile, file_crc32, load_batch_bytes, load_batch_file
-from queue_client.layout import DatasetLayout
+from queue_client.batchfile import load_batch_bytes
+from queue_client.file_map import map_leased, prefault
 from queue_client.resume import StreamPlan
 from queue_client.rows import LoadedFile, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
@@ -337,7 +336,8 @@ class SplitStream:
             where = f"{lease.path} (streamed)"
             batch_file = load_batch_bytes(self.source.fetch_file(ref, lease), where)
         else:
-            where, batch_file = self._map(lease)
+            src = self.source
+            where, batch_file = map_leased(src.data_root, src.dataset, src.verify_checksums, lease)
         meta = batch_file.metadata
         if meta.get("seq") != lease.seq or meta.get("num_batches") != lease.num_batches:
             raise errors.CorruptBatchFile(
@@ -351,42 +351,8 @@ class SplitStream:
             raise errors.SchemaMismatch(f"{where}: {exc}") from None
         tensors = [batch_file.stored[name] for name in codec.stored_names]
         if not streamed:  # streamed tensors were just written: their pages are in memory
-            _prefault(tensors)
+            prefault(tensors)
         return LoadedFile(ref, lease.seq, lease.num_batches, lease.batch_size, codec, tensors)
-
-    def _map(self, lease: pb.Lease) -> tuple[str, BatchFile]:
-        """Verify the leased file under data_root and map it: (its path, the file)."""
-        root = self.source.data_root
-        path = (root / lease.path).resolve()
-        if not path.is_relative_to(root):
-            raise errors.PermissionDenied(
-                f"leased path {lease.path!r} lies outside the data root {root}"
-            )
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            if not DatasetLayout(root, self.source.dataset).meta_file.exists():
-                # Not a bad file: this client looks in the wrong place. Nothing to quarantine.
-                raise errors.InvalidRequest(
-                    f"{path} is not visible here: data_root {root} does not hold the server's "
-                    f"dataset {self.source.dataset!r}; pass QueueClient(data_root=...) or set "
-                    "BATCHQUEUE_DATA_ROOT to where the server's data root is mounted, or "
-                    'stream the files with transport="grpc" (or "auto")'
-                ) from None
-            raise errors.CorruptBatchFile(f"{path} is missing from the data root") from None
-        if size != lease.size_bytes:
-            raise errors.CorruptBatchFile(
-                f"{path} has {size} bytes, the server wrote {lease.size_bytes}"
-            )
-        if self.source.verify_checksums:
-            crc = file_crc32(path)
-            if crc != lease.crc32:
-                raise errors.CorruptBatchFile(
-                    f"{path} has crc32 {crc:#010x}, the server wrote {lease.crc32:#010x}"
-                )
-        else:
-            _page_in(path)
-        return str(path), load_batch_file(path)
 
     # ---- state and shutdown ---------------------------------------------------------------
     def plan(self) -> StreamPlan:
@@ -425,22 +391,3 @@ class SplitStream:
         if cur is not None:
             self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
         self.row = 0
-
-
-def _prefault(tensors: list[torch.Tensor]) -> None:
-    """Read one element per page of each mapped tensor, here in the prefetch thread, so the
-    trainer's first touch of a batch finds its pages mapped (no minor faults in get_batch)."""
-    for t in tensors:
-        flat = t.reshape(-1)
-        step = max(1, 4096 // max(1, t.element_size()))
-        flat[::step].to(torch.int64).sum()
-
-
-def _page_in(path: Path) -> None:
-    """Ask the kernel to read the file ahead, so the first batches cost no I/O."""
-    if hasattr(os, "posix_fadvise"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)

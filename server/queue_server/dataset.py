@@ -27,15 +27,14 @@ from queue_client.meta import (
     validate_meta,
 )
 from queue_client.schema import FieldSpec
+from queue_server import dataset_workers
 from queue_server.config.dataset import training_split
 from queue_server.config.served_ranks import EVERY_RANK
 from queue_server.config.server import DatasetConfig, ServerConfig
-from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
 from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProduceFailed, ProductionBackend, SlotDied
-from queue_server.production.process_pool import ProcessPoolBackend
-from queue_server.production.worker_process import WorkerDied, WorkerError, WorkerProcess
+from queue_server.production.worker_process import WorkerDied, WorkerError
 from queue_server.split.leases import LeaseDirectory
 from queue_server.split.queue import SplitQueue
 
@@ -85,28 +84,6 @@ class DatasetRuntime:
     @property
     def name(self) -> str:
         return self.config.name
-
-    def _worker(self, split: str, index: int, histogram_field: str = "") -> WorkerProcess:
-        init = {
-            "data_root": str(self.server.data_root),
-            "dataset": self.config.name,
-            "provider": self.config.provider,
-            "args": self.config.args,
-            "batch_size": self.config.batch_size,
-            "batches_per_file": self.config.batches_per_file,
-            "seed": self.config.seed,
-            "worker_index": index,
-            "num_workers": self._workers(split),
-            "verbose": self.server.verbose,
-            "extra_meta": {
-                "provider": self.config.provider,
-                "config_fingerprint": self.config.fingerprint(),
-            },
-            "histogram_field": histogram_field,
-        }
-        return WorkerProcess(
-            f"{self.config.name}/{split} worker {index}", init, self.server.config_dir
-        )
 
     def _workers(self, split: str) -> int:
         """The split's worker processes: the training split's `workers`, others' 1 unless
@@ -158,91 +135,6 @@ class DatasetRuntime:
             self.config.selection == "curriculum" and split in self.config.curriculum.splits
         )
         return split != training_split(splits) and not curriculum
-
-    def _backend(self, split: str) -> ProductionBackend:
-        """What makes the split's files: provider workers, Ray actors, or a curriculum composer."""
-        if self.config.selection == "curriculum" and split in self.config.curriculum.splits:
-            return self._curriculum(split)
-        if self.config.backend == "ray":
-            return self._ray_backend(split, self.layout.queue_dir(split))
-        return ProcessPoolBackend(
-            split,
-            self._workers(split),
-            lambda index: self._worker(split, index),
-            self.meta_json,
-            self.layout.queue_dir(split),
-        )
-
-    def _ray_backend(
-        self, split: str, directory: Path, histogram_field: str = ""
-    ) -> ProductionBackend:
-        """The split's providers as Ray actors, publishing into `directory`."""
-        from queue_server.production.ray_backend import RayBackend
-
-        return RayBackend(
-            split=split,
-            directory=directory,
-            init=self._worker(split, 0, histogram_field).init_request,
-            meta_json=self.meta_json,
-            cwd=self.server.config_dir,
-            slots=self._workers(split),
-            ray_address=self.config.ray_address,
-            placement=self.config.ray_placement,
-        )
-
-    def _curriculum(self, split: str) -> CurriculumBackend:
-        """The producer of a curriculum split: its candidate queue and its composers (worker
-        processes, or Ray actors with backend = "ray", as its candidate providers)."""
-        settings, field_name = curriculum_settings(self.config, self.meta, split)
-        on_ray = self.config.backend == "ray"
-
-        def candidates() -> SplitQueue:
-            # A fresh candidate queue: what the last one said of its engine is moot now.
-            self._unavailable_changed(f"{split} candidates", None)
-            workers: ProductionBackend
-            if on_ray:
-                workers = self._ray_backend(split, self.layout.candidates_dir(split), field_name)
-            else:
-                workers = ProcessPoolBackend(
-                    split,
-                    self._workers(split),
-                    lambda index: self._worker(split, index, histogram_field=field_name),
-                    self.meta_json,
-                    self.layout.candidates_dir(split),
-                    into_candidates=True,
-                )
-            return self._split_queue(split, workers, candidates=True)
-
-        def composer() -> ComposerWorker:
-            label = f"{self.config.name}/{split} composer"
-            init = self._worker(split, 0).init_request
-            if on_ray:
-                from queue_server.curriculum.ray_composer import RayComposer
-
-                return RayComposer(
-                    label,
-                    init,
-                    self.server.config_dir,
-                    ray_address=self.config.ray_address,
-                    placement=self.config.ray_placement,
-                )
-            return WorkerProcess(label, init, self.server.config_dir)
-
-        init = {
-            "split": split,
-            "settings": settings.to_json(),
-            "field": field_name,
-            "n_tokens": self.config.curriculum.starting_estimation_token_count,
-            "meta_json": self.meta_json,
-        }
-        return CurriculumBackend(
-            f"{self.config.name}/{split} curriculum",
-            split,
-            composer,
-            candidates,
-            init,
-            self.meta_json,
-        )
 
     async def start(self) -> None:
         try:
@@ -317,7 +209,7 @@ class DatasetRuntime:
                     "nothing is deleted for you) or restore the old config"
                 )
         else:
-            builder = self._worker("meta", 0)
+            builder = dataset_workers.worker(self, "meta", 0)
             try:
                 await builder.start()
                 reply = await builder.call({"op": "meta"})
@@ -344,7 +236,7 @@ class DatasetRuntime:
                 )
         for split in meta["split_info"]:
             check_split_name(split)
-            self.splits[split] = self._split_queue(split, self._backend(split))
+            self.splits[split] = self._split_queue(split, dataset_workers.backend(self, split))
         await asyncio.gather(*(q.open(start_production=False) for q in self.splits.values()))
 
     def _kept_at_built_batch_size(self, meta: dict[str, Any]) -> DatasetConfig | None:
@@ -388,7 +280,7 @@ class DatasetRuntime:
             )
             return
         recorded = await asyncio.to_thread(_read_inputs, self.layout.inputs_file)
-        checker = self._worker("inputs", 0)
+        checker = dataset_workers.worker(self, "inputs", 0)
         try:
             await checker.start()
             await checker.call(

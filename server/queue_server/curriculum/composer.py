@@ -30,17 +30,15 @@ from pathlib import Path
 import numpy as np
 
 from queue_client.batchfile import BatchFile, PublishedFile, load_batch_file, write_batch_file
-from queue_client.layout import atomic_write
 from queue_server.curriculum.corpus import kl_divergence
+from queue_server.curriculum.pool import Pool
 from queue_server.curriculum.schedule import alpha_for
-from queue_server.curriculum.scoring import FileRows, Pool, TokenClasses, Weights, best, exact
+from queue_server.curriculum.scoring import FileRows, TokenClasses, Weights, best, exact
 from queue_server.curriculum.settings import ComposerSettings
 from queue_server.curriculum.shards import best_of, owned
+from queue_server.curriculum.snapshot import restore_snapshot, save_snapshot
 
 _EPS = 1e-9  # of g(t) = 1 / (served(t) + 1e-9 * (N + 1)), as in scoring.py
-SNAPSHOT_VERSION = 1
-# The composer's integer state, in snapshot order after the version.
-_SNAPSHOT_COUNTERS = ("served_tokens", "next_candidate", "plans", "ingested", "culled", "picked")
 
 
 @dataclass
@@ -384,38 +382,12 @@ class Composer:
             directory, seq=seq, tensors=tensors, metadata=metadata, version=first.version
         )
 
-    # ---- snapshots -------------------------------------------------------------------------
+    # ---- snapshots (snapshot.py) ------------------------------------------------------------
     def save(self, path: Path) -> None:
-        scalars = np.array(
-            [SNAPSHOT_VERSION, *(getattr(self, name) for name in _SNAPSHOT_COUNTERS)], np.int64
-        )
-        arrays = {
-            "scalars": scalars,
-            "alpha": np.array([self.alpha]),
-            "served": self.served,
-            "cand": self.cand,
-            "index": self.index,
-            "born": self.born,
-        }
-        atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
+        save_snapshot(self, path)
 
     def restore(self, path: Path) -> None:
-        with np.load(path, allow_pickle=False) as z:
-            scalars = z["scalars"]
-            if int(scalars[0]) != SNAPSHOT_VERSION:
-                raise ValueError(f"{path}: composer snapshot version {int(scalars[0])} is unknown")
-            if z["served"].shape != self.served.shape:
-                raise ValueError(f"{path}: composer snapshot is for another vocab size")
-            for name, value in zip(_SNAPSHOT_COUNTERS, scalars[1:], strict=True):
-                setattr(self, name, int(value))
-            self.alpha = float(z["alpha"][0])
-            self.served = z["served"].astype(np.int64)
-            self.cand, self.index, self.born = z["cand"], z["index"], z["born"]
-        self._pool = None
-        self._plan = None
-        self._dirty = False
-        self._files.clear()
-        self._rows.clear()
+        restore_snapshot(self, path)
 
     def stats(self) -> dict:
         return {

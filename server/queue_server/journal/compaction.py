@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from queue_client.layout import atomic_write, temp_path
+from queue_server.journal.file import Journal
 from queue_server.journal.records import (
     Advanced,
     AlphaChange,
     Folded,
-    Journal,
     MixtureChange,
     Produced,
     Snapshot,

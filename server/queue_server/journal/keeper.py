@@ -24,14 +24,8 @@ from collections.abc import Callable, Iterable
 from queue_client.layout import temp_path
 from queue_server.background import BackgroundTasks
 from queue_server.journal import compaction
-from queue_server.journal.records import (
-    AlphaChange,
-    Consumed,
-    Journal,
-    JournalLost,
-    MixtureChange,
-    Record,
-)
+from queue_server.journal.file import Journal, JournalLost
+from queue_server.journal.records import AlphaChange, Consumed, MixtureChange, Record
 from queue_server.split.state import SplitState
 
 log = logging.getLogger("queue_server.journal")

@@ -26,8 +26,9 @@ from typing import Any
 
 from queue_client import errors
 from queue_server.background import BackgroundTasks
+from queue_server.journal.file import StaleOffset
 from queue_server.journal.keeper import JournalKeeper
-from queue_server.journal.records import Advanced, Produced, StaleOffset
+from queue_server.journal.records import Advanced, Produced
 from queue_server.production.backend import (
     BackendUnavailable,
     ProducedFile,

@@ -22,16 +22,10 @@ from queue_client.layout import DatasetLayout, reason_file
 from queue_server.background import BackgroundTasks
 from queue_server.config.served_ranks import EVERY_RANK, ServedRanks
 from queue_server.config.server import DatasetConfig
+from queue_server.journal.file import Journal, JournalLost
 from queue_server.journal.keeper import JournalKeeper
 from queue_server.journal.reconcile import reconcile
-from queue_server.journal.records import (
-    AlphaChange,
-    Consumed,
-    Journal,
-    JournalLost,
-    MixtureChange,
-    Quarantined,
-)
+from queue_server.journal.records import AlphaChange, Consumed, MixtureChange, Quarantined
 from queue_server.mixture import changes as mixture_changes
 from queue_server.mixture.config import is_mixture
 from queue_server.mixture.stats import MixtureView

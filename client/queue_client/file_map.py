@@ -1,0 +1,68 @@
+"""Opening a leased file under the data root (verify, map, page in): the prefetch thread's I/O."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from queue_client import errors
+from queue_client.batchfile import BatchFile, file_crc32, load_batch_file
+from queue_client.layout import DatasetLayout
+from queue_client.wire import batchqueue_pb2 as pb
+
+
+def map_leased(
+    root: Path, dataset: str, verify_checksums: bool, lease: pb.Lease
+) -> tuple[str, BatchFile]:
+    """Verify the leased file under data_root and map it: (its path, the file)."""
+    path = (root / lease.path).resolve()
+    if not path.is_relative_to(root):
+        raise errors.PermissionDenied(
+            f"leased path {lease.path!r} lies outside the data root {root}"
+        )
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        if not DatasetLayout(root, dataset).meta_file.exists():
+            # Not a bad file: this client looks in the wrong place. Nothing to quarantine.
+            raise errors.InvalidRequest(
+                f"{path} is not visible here: data_root {root} does not hold the server's "
+                f"dataset {dataset!r}; pass QueueClient(data_root=...) or set "
+                "BATCHQUEUE_DATA_ROOT to where the server's data root is mounted, or "
+                'stream the files with transport="grpc" (or "auto")'
+            ) from None
+        raise errors.CorruptBatchFile(f"{path} is missing from the data root") from None
+    if size != lease.size_bytes:
+        raise errors.CorruptBatchFile(
+            f"{path} has {size} bytes, the server wrote {lease.size_bytes}"
+        )
+    if verify_checksums:
+        crc = file_crc32(path)
+        if crc != lease.crc32:
+            raise errors.CorruptBatchFile(
+                f"{path} has crc32 {crc:#010x}, the server wrote {lease.crc32:#010x}"
+            )
+    else:
+        page_in(path)
+    return str(path), load_batch_file(path)
+
+
+def prefault(tensors: list[torch.Tensor]) -> None:
+    """Read one element per page of each mapped tensor, here in the prefetch thread, so the
+    trainer's first touch of a batch finds its pages mapped (no minor faults in get_batch)."""
+    for t in tensors:
+        flat = t.reshape(-1)
+        step = max(1, 4096 // max(1, t.element_size()))
+        flat[::step].to(torch.int64).sum()
+
+
+def page_in(path: Path) -> None:
+    """Ask the kernel to read the file ahead, so the first batches cost no I/O."""
+    if hasattr(os, "posix_fadvise"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)

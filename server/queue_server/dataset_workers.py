@@ -1,0 +1,125 @@
+"""How a dataset's splits get their producers (worker processes, Ray actors, curriculum composers): split from dataset.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
+from queue_server.curriculum.settings import curriculum_settings
+from queue_server.production.backend import ProductionBackend
+from queue_server.production.process_pool import ProcessPoolBackend
+from queue_server.production.worker_process import WorkerProcess
+from queue_server.split.queue import SplitQueue
+
+if TYPE_CHECKING:
+    from queue_server.dataset import DatasetRuntime
+
+
+def worker(rt: DatasetRuntime, split: str, index: int, histogram_field: str = "") -> WorkerProcess:
+    init = {
+        "data_root": str(rt.server.data_root),
+        "dataset": rt.config.name,
+        "provider": rt.config.provider,
+        "args": rt.config.args,
+        "batch_size": rt.config.batch_size,
+        "batches_per_file": rt.config.batches_per_file,
+        "seed": rt.config.seed,
+        "worker_index": index,
+        "num_workers": rt._workers(split),
+        "verbose": rt.server.verbose,
+        "extra_meta": {
+            "provider": rt.config.provider,
+            "config_fingerprint": rt.config.fingerprint(),
+        },
+        "histogram_field": histogram_field,
+    }
+    return WorkerProcess(f"{rt.config.name}/{split} worker {index}", init, rt.server.config_dir)
+
+
+def backend(rt: DatasetRuntime, split: str) -> ProductionBackend:
+    """What makes the split's files: provider workers, Ray actors, or a curriculum composer."""
+    if rt.config.selection == "curriculum" and split in rt.config.curriculum.splits:
+        return curriculum(rt, split)
+    if rt.config.backend == "ray":
+        return ray_backend(rt, split, rt.layout.queue_dir(split))
+    return ProcessPoolBackend(
+        split,
+        rt._workers(split),
+        lambda index: worker(rt, split, index),
+        rt.meta_json,
+        rt.layout.queue_dir(split),
+    )
+
+
+def ray_backend(
+    rt: DatasetRuntime, split: str, directory: Path, histogram_field: str = ""
+) -> ProductionBackend:
+    """The split's providers as Ray actors, publishing into `directory`."""
+    from queue_server.production.ray_backend import RayBackend
+
+    return RayBackend(
+        split=split,
+        directory=directory,
+        init=worker(rt, split, 0, histogram_field).init_request,
+        meta_json=rt.meta_json,
+        cwd=rt.server.config_dir,
+        slots=rt._workers(split),
+        ray_address=rt.config.ray_address,
+        placement=rt.config.ray_placement,
+    )
+
+
+def curriculum(rt: DatasetRuntime, split: str) -> CurriculumBackend:
+    """The producer of a curriculum split: its candidate queue and its composers (worker
+    processes, or Ray actors with backend = "ray", as its candidate providers)."""
+    settings, field_name = curriculum_settings(rt.config, rt.meta, split)
+    on_ray = rt.config.backend == "ray"
+
+    def candidates() -> SplitQueue:
+        # A fresh candidate queue: what the last one said of its engine is moot now.
+        rt._unavailable_changed(f"{split} candidates", None)
+        workers: ProductionBackend
+        if on_ray:
+            workers = ray_backend(rt, split, rt.layout.candidates_dir(split), field_name)
+        else:
+            workers = ProcessPoolBackend(
+                split,
+                rt._workers(split),
+                lambda index: worker(rt, split, index, histogram_field=field_name),
+                rt.meta_json,
+                rt.layout.candidates_dir(split),
+                into_candidates=True,
+            )
+        return rt._split_queue(split, workers, candidates=True)
+
+    def composer() -> ComposerWorker:
+        label = f"{rt.config.name}/{split} composer"
+        init = worker(rt, split, 0).init_request
+        if on_ray:
+            from queue_server.curriculum.ray_composer import RayComposer
+
+            return RayComposer(
+                label,
+                init,
+                rt.server.config_dir,
+                ray_address=rt.config.ray_address,
+                placement=rt.config.ray_placement,
+            )
+        return WorkerProcess(label, init, rt.server.config_dir)
+
+    init = {
+        "split": split,
+        "settings": settings.to_json(),
+        "field": field_name,
+        "n_tokens": rt.config.curriculum.starting_estimation_token_count,
+        "meta_json": rt.meta_json,
+    }
+    return CurriculumBackend(
+        f"{rt.config.name}/{split} curriculum",
+        split,
+        composer,
+        candidates,
+        init,
+        rt.meta_json,
+    )
