@@ -109,6 +109,22 @@ class DataProviderBase(abc.ABC):
                 f"{type(self).__name__} is stateless but was given state {dict(state)!r}"
             )
 
+    @property
+    def streams(self) -> bool:
+        """Whether each file depends on the stream state before it, so that the server
+        journals a state per file (by default: whether state_dict is overridden)."""
+        return type(self).state_dict is not DataProviderBase.state_dict
+
+    # Whether the data has a finite, ordered epoch (each row once per epoch, then the next
+    # epoch), whose boundaries epoch_starts reports; False for providers that sample.
+    ordered_epochs: bool = False
+
+    def epoch_starts(self, split: str, seq: int) -> list[tuple[int, int]]:
+        """Called right after make_file(split, seq): (row of the file, epoch) for each row
+        that starts an epoch past the first, rows numbered from 0 in the file (batch by
+        batch). Empty for a provider without ordered epochs."""
+        return []
+
     # ---- provided --------------------------------------------------------------------------
     @property
     def batch_size(self) -> int:

@@ -140,6 +140,8 @@ class TextLMProvider(DataProviderBase):
         self.tokenizer: TextTokenizer | None = None
         self._meta: Mapping[str, Any] | None = None
         self._streams: dict[str, SplitStream] = {}
+        # Per split, of the file being made or made last: the epoch before it, each row's.
+        self._made_epochs: dict[str, tuple[int, list[int]]] = {}
 
     # ---- meta -------------------------------------------------------------------------------
     def input_files(self) -> Sequence[Input]:
@@ -259,18 +261,40 @@ class TextLMProvider(DataProviderBase):
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         # `rng` is unused: order comes from the journaled stream state, seeded by (seed, epoch).
         a, b, t = self.batch_size, self.micro_batch_size, self.seq_len
-        windows = self._stream(split).take(a * b)
+        stream = self._stream(split)
+        windows = stream.take(a * b)
+        made = self._made_epochs.get(split)
+        if made is not None:  # a row's epoch: that of its first window
+            made[1].extend(stream.taken_epochs[::b].tolist())
         return {name: torch.from_numpy(arr.reshape(a, b, t)) for name, arr in windows.items()}
 
     def make_file(self, split: str, seq: int) -> EncodedBatchFile:
         """The base's make_file, but a failure leaves the stream where it was, so a retry
         (or the server's replay) starts from the same documents and nothing is skipped."""
         before = self.state_dict(split)
+        self._made_epochs[split] = (self._stream(split).epoch, [])
         try:
             return super().make_file(split, seq)
         except BaseException:
             self.load_state_dict(split, before)
+            self._made_epochs.pop(split, None)
             raise
+
+    ordered_epochs = True
+
+    def epoch_starts(self, split: str, seq: int) -> list[tuple[int, int]]:
+        """The rows of the file just made whose epoch is past the row's before them (the
+        stream reads every document of its shard once per epoch)."""
+        made = self._made_epochs.get(split)
+        if made is None:
+            return []
+        previous, epochs = made
+        out = []
+        for row, epoch in enumerate(epochs):
+            if epoch > previous:
+                out.append((row, epoch))
+            previous = epoch
+        return out
 
     # ---- curriculum ---------------------------------------------------------------------------
     def data_identity(self) -> str:

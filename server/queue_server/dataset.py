@@ -26,6 +26,7 @@ from queue_client.meta import (
     split_schema,
     validate_meta,
 )
+from queue_client.mixture_epochs import epochs_dir
 from queue_client.schema import FieldSpec
 from queue_server import dataset_workers
 from queue_server.config.dataset import training_split
@@ -124,7 +125,9 @@ class DatasetRuntime:
             ),
         )
         if queue.mixture:
-            queue.mixture_view = MixtureView(config.args, self.meta, split)
+            queue.mixture_view = MixtureView(
+                config.args, self.meta, split, epochs_dir(self.layout, split)
+            )
         return queue
 
     def lazy_split(self, split: str) -> bool:

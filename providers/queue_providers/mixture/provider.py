@@ -5,10 +5,16 @@ The weights in force at each seq come from the config (weights, then `mixture_sc
 points over served tokens) and from SetMixture calls, which the server journals and sends
 with every produce (set_weight_changes). A file is a pure function of (config, seed, split,
 seq, the calls whose seq is <= s): any worker, process or machine makes the same bytes.
+
+With a streaming source (text_lm) the mixture streams too: its state, journaled with each
+file, holds each streaming source's place in its own stream (rows.py), so a file made again
+or a restarted worker makes the same bytes. A source's first row of a new epoch is logged
+by the worker whose file holds it, and recorded for the server's stats (mixture_epochs).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,17 +24,18 @@ from queue_client.batchfile import EncodedBatchFile, encode_batch_file
 from queue_client.errors import ConfigError, MetaError
 from queue_client.meta import split_schema
 from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
+from queue_client.mixture_epochs import epochs_dir, record_epoch_start
 from queue_client.schema import check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
-from queue_providers.mixture.sources import (
-    SourceRows,
-    build_sources,
-    check_same_schema,
-    source_meta,
-)
+from queue_providers.mixture.rows import source_rows
+from queue_providers.mixture.sources import build_sources, check_same_schema, source_meta
 from queue_providers.token_ids import check_ids
 
+log = logging.getLogger("queue_providers.mixture")
+
 SOURCE_FIELD = "source"
+STATE_VERSION = 1
+STATE_KEYS = frozenset({"version", "sources"})
 
 
 def source_field() -> dict[str, Any]:
@@ -58,7 +65,7 @@ class MixtureProvider(DataProviderBase):
         self.schedule = [(float(x), [float(w) for w in ws]) for x, ws in schedule]
         self.schedule_unit = schedule_unit
         self._providers = build_sources(context, sources)
-        self._rows = [SourceRows(p) for p in self._providers]
+        self._rows = [source_rows(p, n) for p, n in zip(self._providers, self.names, strict=True)]
         self._changes: dict[str, list] = {}
         self._schedules = ScheduleCache()
         self._tokens_per_row = 1
@@ -94,6 +101,8 @@ class MixtureProvider(DataProviderBase):
             "weights": list(self.weights),
             "source_field": SOURCE_FIELD,
             "source_meta": metas,
+            # Whether each source's data has epochs whose starts are recorded for stats.
+            "ordered_epochs": [bool(p.ordered_epochs) for p in self._providers],
         }
         return meta
 
@@ -103,6 +112,39 @@ class MixtureProvider(DataProviderBase):
             provider.set_meta(sub)
         block = meta.get("block_size")
         self._tokens_per_row = block if isinstance(block, int) and block > 0 else 1
+        # The sources' streams start over with their meta: so does the bookkeeping of them.
+        self._rows = [source_rows(p, n) for p, n in zip(self._providers, self.names, strict=True)]
+
+    # ---- state (with a streaming source) --------------------------------------------------
+    @property
+    def streams(self) -> bool:
+        return any(p.streams for p in self._providers)
+
+    def state_dict(self, split: str) -> dict[str, Any]:
+        """Each streaming source's place in its own stream; empty when none streams."""
+        if not self.streams:
+            return {}
+        sources = {r.name: r.state(split) for r in self._rows if r.provider.streams}
+        return {"version": STATE_VERSION, "sources": sources}
+
+    def load_state_dict(self, split: str, state: Mapping[str, Any]) -> None:
+        if not self.streams:
+            super().load_state_dict(split, state)
+            return
+        where = f"mixture {self.context.dataset_name!r} split {split!r} state"
+        if set(state) != STATE_KEYS or state["version"] != STATE_VERSION:
+            raise ValueError(
+                f"{where} has keys {sorted(state)} (version {state.get('version')!r}), "
+                f"expected {sorted(STATE_KEYS)} of version {STATE_VERSION}"
+            )
+        streaming = [r for r in self._rows if r.provider.streams]
+        if sorted(state["sources"]) != sorted(r.name for r in streaming):
+            raise ValueError(
+                f"{where} holds sources {sorted(state['sources'])}, but the streaming sources "
+                f"are {sorted(r.name for r in streaming)}: the config's sources changed"
+            )
+        for rows in streaming:
+            rows.load(split, state["sources"][rows.name])
 
     # ---- weights ------------------------------------------------------------------------
     @property
@@ -149,6 +191,7 @@ class MixtureProvider(DataProviderBase):
                         (per_file, *values.shape[1:]), dtype=values.dtype
                     )
                 out[where] = values
+            self._epochs_reached(split, seq, s, before[s], before[s] + where.numel())
         tensors = {n: v.reshape(k, b, *v.shape[1:]) for n, v in tensors.items()}
         tensors[SOURCE_FIELD] = picks.reshape(k, b)
         tensors = {f.name: tensors[f.name] for f in schema}
@@ -164,3 +207,25 @@ class MixtureProvider(DataProviderBase):
         version = self.format_version
         stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
         return encode_batch_file(seq=seq, tensors=stored, metadata=metadata, version=version)
+
+    def _epochs_reached(self, split: str, seq: int, source: int, start: int, stop: int) -> None:
+        """Log and record each epoch that source's rows [start, stop) start (this file holds
+        them, so no other worker's file does)."""
+        rows = self._rows[source]
+        for row, epoch in rows.epoch_starts(split, start, stop):
+            log.info(
+                "dataset %s split %s: source %s starts epoch %d (its row %d, in file seq %d)",
+                self.context.dataset_name,
+                split,
+                rows.name,
+                epoch,
+                row,
+                seq,
+            )
+            try:
+                directory = epochs_dir(self.context.layout, split)
+                record_epoch_start(directory, rows.name, epoch, row)
+            except OSError as exc:  # stats only: the file itself is fine
+                log.warning(
+                    "dataset %s: cannot record an epoch start: %s", self.context.dataset_name, exc
+                )

@@ -1,9 +1,8 @@
-"""A mixture's sources in a worker: each source provider, its meta, and its rows by position.
+"""A mixture's sources in a worker: each source provider and its meta, checked to give
+batches of one schema. Their rows by position are rows.py's business.
 
-Row p of a source is row p % R of the source provider's own file p // R (R rows per file),
-so a source's rows in the mixture are exactly its own stream, whatever the weights: nothing
-skipped, nothing repeated. Only providers whose files are a pure function of their seq can be
-sources; a streaming provider (its files depend on the stream before them) is refused.
+Each source runs as worker 0 of 1, whatever the mixture's workers: a streaming source's own
+stream is then one stream, the same in every worker (rows.py runs it whole in each).
 """
 
 from __future__ import annotations
@@ -12,14 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import torch
-
-from queue_client.batchfile import FORMAT_VERSION, load_batch_bytes
+from queue_client.batchfile import FORMAT_VERSION
 from queue_client.errors import ConfigError
 from queue_client.meta import split_schema
 from queue_providers.base import DataProviderBase, ProviderContext
+from queue_providers.mixture.rows import SourceRows
 from queue_providers.registry import create
 from queue_providers.seeding import derive_seed
+
+__all__ = ["SourceRows", "build_sources", "check_same_schema", "source_meta"]
 
 # Meta keys whose values must agree between sources: a trainer sizes its model by them.
 SHARED_KEYS = ("training_type", "vocab_size", "block_size")
@@ -28,7 +28,7 @@ SHARED_KEYS = ("training_type", "vocab_size", "block_size")
 def build_sources(
     context: ProviderContext, sources: Sequence[Mapping[str, Any]]
 ) -> list[DataProviderBase]:
-    """Each source's provider, with a seed of its own; streaming providers refused."""
+    """Each source's provider, with a seed of its own, as the only worker of its stream."""
     out = []
     for spec in sources:
         name = spec["name"]
@@ -37,17 +37,10 @@ def build_sources(
             seed=derive_seed(context.seed, "mixture source", name),
             extra_meta={},
             histogram_field="",
+            worker_index=0,
+            num_workers=1,
         )
-        provider = create(spec["provider"], sub, dict(spec.get("args") or {}))
-        if type(provider).state_dict is not DataProviderBase.state_dict:
-            raise ConfigError(
-                f"datasets.{context.dataset_name}.sources.{name}: provider "
-                f"{spec['provider']!r} streams (each file depends on the stream before it), "
-                "so a mixture cannot make a source row from its position alone; use a provider "
-                "whose files are a pure function of their seq (char_lm, nanogpt_bin, "
-                "token_shards) as a source, or serve it as a dataset of its own"
-            )
-        out.append(provider)
+        out.append(create(spec["provider"], sub, dict(spec.get("args") or {})))
     return out
 
 
@@ -87,35 +80,3 @@ def check_same_schema(names: Sequence[str], metas: Sequence[Mapping[str, Any]], 
                     f"{where}: sources {first!r} and {name!r} have different batch schemas "
                     f"in split {split!r}: fields {differ} differ"
                 )
-
-
-class SourceRows:
-    """One source's served rows by position in its own stream, the last file made cached."""
-
-    def __init__(self, provider: DataProviderBase) -> None:
-        self.provider = provider
-        self._cached: tuple[str, int, dict[str, torch.Tensor]] | None = None
-
-    def _file(self, split: str, seq: int) -> dict[str, torch.Tensor]:
-        """Every served field of the source's file `seq`, as [rows, ...]."""
-        if self._cached is not None and self._cached[:2] == (split, seq):
-            return self._cached[2]
-        encoded = self.provider.make_file(split, seq)
-        served = load_batch_bytes(encoded.data, f"source file {seq}").tensors
-        rows = {k: v.reshape(-1, *v.shape[2:]) for k, v in served.items()}
-        self._cached = (split, seq, rows)
-        return rows
-
-    def rows(self, split: str, start: int, stop: int, per_file: int) -> dict[str, torch.Tensor]:
-        """Rows [start, stop) of the source's stream."""
-        parts: list[dict[str, torch.Tensor]] = []
-        p = start
-        while p < stop:
-            seq, offset = divmod(p, per_file)
-            take = min(stop - p, per_file - offset)
-            file_rows = self._file(split, seq)
-            parts.append({k: v[offset : offset + take] for k, v in file_rows.items()})
-            p += take
-        if not parts:
-            return {}
-        return {k: torch.cat([part[k] for part in parts]) for k in parts[0]}

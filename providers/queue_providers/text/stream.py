@@ -117,11 +117,19 @@ class SplitStream:
         self._live: tuple[int, Position, Iterator[tuple[int, int, str]]] | None = None
         self._cache: OrderedDict[tuple[int, int, Position], _RawBlock] = OrderedDict()
         self._order_cache: tuple[int, list[int]] | None = None
+        self.taken_epochs = np.zeros(0, dtype=np.int64)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last window taken (0 before the first)."""
+        return self._epoch
 
     # ---- windows ----------------------------------------------------------------------------
     def take(self, n: int) -> dict[str, np.ndarray]:
-        """The next `n` windows as [n, T] arrays: input_ids, labels, segment_ids, attention_mask."""
+        """The next `n` windows as [n, T] arrays: input_ids, labels, segment_ids, attention_mask.
+        taken_epochs is then the epoch of each (the epoch of the block it was packed from)."""
         parts: list[tuple[Windows, int, int]] = []
+        epochs: list[tuple[int, int]] = []  # (epoch, windows) of each part
         need = n
         while need:
             self._ensure_block()
@@ -133,8 +141,10 @@ class SplitStream:
                 continue
             k = min(need, avail)
             parts.append((windows, self._window, self._window + k))
+            epochs.append((self._epoch, k))
             self._window += k
             need -= k
+        self.taken_epochs = np.repeat([e for e, _ in epochs], [k for _, k in epochs])
         fields = {
             "input_ids": [w.input_ids[lo:hi] for w, lo, hi in parts],
             "labels": [w.labels[lo:hi] for w, lo, hi in parts],

@@ -118,6 +118,8 @@ class TokenShardsProvider(DataProviderBase):
         # With documents and an end-of-document id, batches carry text_lm's fields.
         self.document_fields = order == "documents" and self.eos_id is not None
         self.rows_per_file = context.batch_size * context.batches_per_file
+        # Epoch sampling serves every window once per epoch: row r is in epoch r // windows.
+        self.ordered_epochs = sampling == "epoch"
         # The current file's served fields, all its rows, and how many were handed out.
         self._file_rows: dict[str, list[Any]] = {}
         self._readers: dict[tuple[str, int], ShardReader] = {}
@@ -206,6 +208,19 @@ class TokenShardsProvider(DataProviderBase):
             return super().make_file(split, seq)
         finally:
             self._file_rows.pop(split, None)
+
+    def epoch_starts(self, split: str, seq: int) -> list[tuple[int, int]]:
+        """The rows of file seq at a multiple of the split's windows (past row 0)."""
+        if not self.ordered_epochs:
+            return []
+        n, first = self.corpora[split].n_windows, seq * self.rows_per_file
+        epoch = -(-first // n)  # the first epoch that starts at or after the file
+        out = []
+        while epoch * n < first + self.rows_per_file:
+            if epoch:
+                out.append((epoch * n - first, epoch))
+            epoch += 1
+        return out
 
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         planned = self._file_rows.get(split)

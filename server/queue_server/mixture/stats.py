@@ -1,6 +1,11 @@
 """A mixture split's stats: each source's rows, tokens, realised share against its target
 (since the start and over a recent window), epochs, and the weight history.
 
+A source's epochs: tokens served over its split's tokens where its meta gives them (a
+sampling provider, or token_shards, whose epochs are exactly that long); else, for a source
+with ordered epochs (text_lm), the epoch its last served row is in, from the epoch starts
+the workers record (queue_client/mixture_epochs.py, one small directory read per change).
+
 Served rows are those of the first consumed_files files of the split (ranks read in step,
 so this is the served prefix to within a round of files). Counts come from the same row
 schedule the workers compose with, read in closed form: no simulation from row 0.
@@ -8,10 +13,14 @@ schedule the workers compose with, read in closed form: no simulation from row 0
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from queue_client.mixture import DENOMINATOR, ScheduleCache, WeightPlan
+from queue_client.mixture_epochs import epoch_at, read_epoch_starts
 
 # Rows of the recent window of window_share.
 WINDOW_ROWS = DENOMINATOR
@@ -20,7 +29,13 @@ WINDOW_ROWS = DENOMINATOR
 class MixtureView:
     """What the server knows of one mixture split from its config and meta."""
 
-    def __init__(self, args: Mapping[str, Any], meta: Mapping[str, Any], split: str) -> None:
+    def __init__(
+        self,
+        args: Mapping[str, Any],
+        meta: Mapping[str, Any],
+        split: str,
+        epochs_dir: Path | None = None,
+    ) -> None:
         sources = list(args["sources"])
         self.names = tuple(s["name"] for s in sources)
         block = meta.get("block_size")
@@ -38,7 +53,33 @@ class MixtureView:
             info = sub.get("split_info", {}).get(split, {})
             tokens = info.get("tokens") if isinstance(info, dict) else None
             self.epoch_tokens.append(tokens if isinstance(tokens, int) and tokens > 0 else None)
+        ordered = meta.get("mixture", {}).get("ordered_epochs", ())
+        self.ordered_epochs = [bool(x) for x in ordered] + [False] * (
+            len(self.names) - len(ordered)
+        )
+        self.epochs_dir = epochs_dir
+        self._starts: tuple[int, dict[str, dict[int, int]]] = (-1, {})
         self._cache = ScheduleCache(4)
+
+    def epoch_starts(self) -> dict[str, dict[int, int]]:
+        """The recorded epoch starts, read again only when the directory changed."""
+        if self.epochs_dir is None:
+            return {}
+        mtime = -1
+        with contextlib.suppress(FileNotFoundError):
+            mtime = os.stat(self.epochs_dir).st_mtime_ns
+        if mtime != self._starts[0]:
+            self._starts = (mtime, read_epoch_starts(self.epochs_dir))
+        return self._starts[1]
+
+    def epochs(self, source: int, rows: int) -> float | None:
+        """Epochs of a source's own data in its first `rows` rows (see the module doc)."""
+        tokens = self.epoch_tokens[source] if source < len(self.epoch_tokens) else None
+        if tokens:
+            return rows * self.tokens_per_row / tokens
+        if self.ordered_epochs[source]:
+            return float(epoch_at(self.epoch_starts().get(self.names[source], {}), rows))
+        return None
 
     def history(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> list[dict]:
         """The config's weights, its schedule points, then every call: weights in names order."""
@@ -66,7 +107,6 @@ class MixtureView:
         sources = []
         for i, name in enumerate(self.names):
             tokens = counts[i] * self.tokens_per_row
-            epoch = self.epoch_tokens[i] if i < len(self.epoch_tokens) else None
             sources.append(
                 {
                     "name": name,
@@ -80,7 +120,7 @@ class MixtureView:
                     "window_target_share": (targets[i] - targets_before[i]) / window
                     if window
                     else 0.0,
-                    "epochs": tokens / epoch if epoch else None,
+                    "epochs": self.epochs(i, counts[i]),
                 }
             )
         return {

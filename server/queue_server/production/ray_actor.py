@@ -86,7 +86,7 @@ class ProviderActor:
             provider = self._built()
             if state:
                 provider.load_state_dict(split, state)
-            stateful = type(provider).state_dict is not DataProviderBase.state_dict
+            stateful = provider.streams
             return Started(self.incarnation, stateful, _node_id(), os.getpid())
         except Exception as exc:  # reported to the server, which decides to retry or fail
             return self._failed(exc)

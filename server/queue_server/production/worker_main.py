@@ -165,7 +165,7 @@ class WorkerSession:
                 provider = build_provider(req)
                 provider.on_start()
             self.provider = provider
-            stateful = type(provider).state_dict is not DataProviderBase.state_dict
+            stateful = provider.streams
             return {"ok": True, "stateful": stateful}
         if op == "meta":
             assert provider is not None, "init first"
