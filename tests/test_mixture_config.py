@@ -67,16 +67,23 @@ def test_config_mistakes_name_the_key(tmp_path: Path, extra: str, a: object, mat
         parse(text, tmp_path)
 
 
-def test_a_streaming_source_is_refused_saying_why(tmp_path: Path) -> None:
+def test_a_streaming_source_beside_x_y_rows_is_refused_naming_the_fields(tmp_path: Path) -> None:
+    """text_lm streams (it is a source like any other now) but serves packed rows, not x/y."""
     text = tmp_path / "t.txt"
     text.write_text("hello world\n\n" * 50, encoding="utf-8")
     context = ProviderContext("mix", tmp_path / "mix", batch_size=2, batches_per_file=2)
+    d = nanogpt_dir(tmp_path, "d")
     sources = [
         {"name": "web", "provider": "text_lm", "weight": 1.0,
-         "args": {"source": str(text), "seq_len": 16, "micro_batch_size": 2}},
+         "args": {"source": str(text), "seq_len": 8, "micro_batch_size": 2, "eval_take": 5,
+                  "separator": ""}},
+        {"name": "bin", "provider": "nanogpt_bin", "weight": 1.0,
+         "args": {"data_dir": str(d), "block_size": 8, "vocab_size": 257}},
     ]  # fmt: skip
-    with pytest.raises(ConfigError, match=r"sources\.web: provider 'text_lm' streams.*nanogpt_bin"):
-        MixtureProvider(context, sources=sources)
+    mixture = MixtureProvider(context, sources=sources)
+    assert mixture.streams
+    with pytest.raises(ConfigError, match=r"'web' and 'bin' have different batch schemas"):
+        mixture.build_meta()
 
 
 def test_sources_of_different_batches_are_refused_naming_the_difference(tmp_path: Path) -> None:

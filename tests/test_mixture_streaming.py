@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,6 +30,7 @@ from conftest import ServerFactory, wait_until
 from queue_client import QueueClient
 from queue_client.batchfile import load_batch_bytes
 from queue_client.mixture import RowSchedule, WeightPlan
+from queue_providers import create
 from queue_providers.base import ProviderContext
 from queue_providers.mixture.sources import build_sources, source_meta
 from queue_providers.seeding import derive_seed
@@ -134,7 +136,9 @@ def check_rows(batches: list[dict[str, Any]], own: OwnStreams) -> dict[int, int]
             letters = {chr(c) for c in b["ids"][i].flatten().tolist() if 97 <= c < 123}
             assert letters <= set(LETTERS[NAMES[s]]), (first + i, s)
             want = own.rows(s, counts[s] + 1)[counts[s]]
-            assert torch.equal(b["ids"][i], want), f"row {first + i}: not {NAMES[s]}'s row {counts[s]}"
+            assert torch.equal(b["ids"][i], want), (
+                f"row {first + i}: not {NAMES[s]}'s row {counts[s]}"
+            )
             counts[s] += 1
             assert first + i not in seen, f"row {first + i} served twice"
             seen[first + i] = s
@@ -198,7 +202,9 @@ def test_a_source_that_wraps_starts_its_next_epoch_and_says_so(shared, served) -
     wait_until(lambda: "source code starts epoch 2 " in server.log(), what="the epoch log lines")
     lines = [line for line in server.log().splitlines() if "starts epoch" in line]
     assert all("dataset mix split train: source code starts epoch" in x for x in lines), lines
-    logged = {int(x.split("epoch ")[1].split()[0]): int(x.split("row ")[1].split(",")[0]) for x in lines}
+    logged = {
+        int(x.split("epoch ")[1].split()[0]): int(x.split("row ")[1].split(",")[0]) for x in lines
+    }
     assert len(logged) == len(lines), f"an epoch logged twice: {lines}"
     # Where each epoch must start, from the corpus alone: epoch k at token k * E of the
     # stream (E: the train documents' bytes and an end id each); a row belongs to the epoch
@@ -224,7 +230,10 @@ def test_a_source_that_wraps_starts_its_next_epoch_and_says_so(shared, served) -
     assert float(by_name["web"]["epochs"]) == 0
     with urllib.request.urlopen(f"http://{server.metrics_address}/metrics", timeout=30) as r:
         metrics = r.read().decode()
-    assert f'batchqueue_mixture_epochs{{dataset="mix",source="code",split="train"}} {want}.0' in metrics
+    assert (
+        f'batchqueue_mixture_epochs{{dataset="mix",source="code",split="train"}} {want}.0'
+        in metrics
+    )
 
 
 def test_a_killed_worker_a_sigkill_and_a_resume_at_world_size_1_continue_every_source(
@@ -264,3 +273,28 @@ def test_a_killed_worker_a_sigkill_and_a_resume_at_world_size_1_continue_every_s
     end = max(seen) + 1
     missing = sorted(set(range(end)) - set(seen))
     assert not missing or missing[0] >= end - 2 * R, missing[:5]
+
+
+def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path) -> None:
+    """token_shards (sampling = "epoch") serves each window once per epoch: the rows it says
+    start an epoch are those after which the windows come again; random sampling has none."""
+    path = tmp_path / "tokens.bin"
+    np.arange(1, 60, dtype=np.uint16).tofile(path)  # 59 tokens: 14 windows of 4 + 1
+    context = ProviderContext("ts", tmp_path / "ts", B, NB, seed=SEED)
+    args = {"inputs": [str(path)], "block_size": 4, "vocab_size": 100}
+    provider = create("token_shards", context, args)
+    provider.set_meta(provider.complete_meta())
+    assert provider.ordered_epochs
+    rows, starts = [], []
+    for seq in range(8):  # 48 rows: 3 epochs and a bit
+        x = load_batch_bytes(provider.make_file("train", seq).data, "ts").tensors["x"]
+        rows += [tuple(r) for r in x.reshape(R, 4).tolist()]
+        starts += [(seq * R + row, epoch) for row, epoch in provider.epoch_starts("train", seq)]
+    n = len(set(rows))
+    assert starts == [(k * n, k) for k in range(1, len(rows) // n + 1) if k * n < len(rows)]
+    for k in range(len(rows) // n):
+        assert len(set(rows[k * n : (k + 1) * n])) == n  # each window once per epoch
+    sampler = create("token_shards", context, args | {"sampling": "random"})
+    sampler.set_meta(sampler.complete_meta())
+    sampler.make_file("train", 5)
+    assert not sampler.ordered_epochs and sampler.epoch_starts("train", 5) == []

@@ -30,7 +30,7 @@ class SourceRows:
     """One source's served rows by position in its own stream, the last file made cached,
     and the rows of its stream where an epoch starts, as far as its files were made."""
 
-    def __init__(self, provider: DataProviderBase, name: str) -> None:
+    def __init__(self, provider: DataProviderBase, name: str = "") -> None:
         self.provider = provider
         self.name = name
         self._cached: dict[str, tuple[int, dict[str, torch.Tensor]]] = {}
@@ -87,7 +87,7 @@ class SourceRows:
 class StreamingSourceRows(SourceRows):
     """A streaming source: its files made in order by this worker's own copy of its stream."""
 
-    def __init__(self, provider: DataProviderBase, name: str) -> None:
+    def __init__(self, provider: DataProviderBase, name: str = "") -> None:
         super().__init__(provider, name)
         self._next: dict[str, int] = {}  # the file the live stream makes next
         self._cached_before: dict[str, dict[str, Any]] = {}  # stream state at the cached file
