@@ -1,13 +1,13 @@
-"""Streaming sources in a mixture, through real servers: two text_lm sources (the schema of
-text_lm's packed rows; a char_lm or nanogpt_bin source serves x/y and is refused beside it),
-two workers. Each source's rows over the run are exactly its own stream (its provider's files
+"""Streaming sources in a mixture, through real servers: two text_lm sources and a
+stateless source of the same rows (bq_mixture_providers; char_lm and nanogpt_bin serve x/y
+rows, refused beside text_lm's packed ones), two workers. Each source's rows over the run are exactly its own stream (its provider's files
 made in order in this process, and the source served alone as a dataset), with a worker
 killed mid-run, and across a SIGKILL of the server and a trainer resumed at world size 1 from
 the states of 2 ranks. The small source wraps within the run: its next epoch is logged once,
 counted in stats, and its rows run on into that epoch with nothing skipped or repeated.
 
-The sources' corpora use disjoint letters (web a-m, code n-z), so a row's bytes name its
-source.
+The sources' texts use disjoint characters (web a-m, code n-z, bytes digits), so a row's
+bytes name its source.
 """
 
 from __future__ import annotations
@@ -39,18 +39,20 @@ from queue_server.testing import ServerProcess
 B, NB, T, MICRO = 2, 3, 16, 2  # batch size, batches per file, seq_len, micro_batch_size
 R = B * NB  # rows per file
 SEED = 1337
-NAMES = ("web", "code")
-WEIGHTS = (0.25, 0.75)  # web: fewer rows than a file per file, so a worker reuses one
-LETTERS = {"web": "abcdefghijklm", "code": "nopqrstuvwxyz"}
+NAMES = ("web", "code", "bytes")
+WEIGHTS = (0.2, 0.6, 0.2)  # web: fewer rows than a file per file, so a worker reuses one
+LETTERS = {"web": "abcdefghijklm", "code": "nopqrstuvwxyz", "bytes": "0123456789"}
+STREAMING = ("web", "code")
 DOCS = {"web": 150, "code": 25}  # code wraps after about 40 of its rows
 ARGS = {"separator": "", "seq_len": T, "micro_batch_size": MICRO, "eval_take": 3,
         "shuffle_buffer": 8}  # fmt: skip
 EOS = 256  # the byte tokenizer's end of document
+PACKED = "bq_mixture_providers:PackedBytesProvider"
 
 
 def write_corpora(tmp: Path) -> dict[str, Path]:
     out = {}
-    for name in NAMES:
+    for name in STREAMING:
         rnd = random.Random(name)
         docs = [
             " ".join(
@@ -70,12 +72,27 @@ def source_args(corpus: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def specs(corpora: dict[str, Path]) -> list[dict[str, Any]]:
+    """The sources, as the mixture provider takes them."""
+    out: list[dict[str, Any]] = []
+    for name, weight in zip(NAMES, WEIGHTS, strict=True):
+        if name in STREAMING:
+            out.append({"name": name, "provider": "text_lm", "weight": weight,
+                        "args": ARGS | {"source": corpora[name].as_posix()}})  # fmt: skip
+        else:
+            args = {"text": LETTERS[name] * 20, "seq_len": T, "micro_batch_size": MICRO}
+            out.append({"name": name, "provider": PACKED, "weight": weight, "args": args})
+    return out
+
+
 def config(corpora: dict[str, Path], alone: bool = False) -> str:
     text = f"[datasets.mix]\nbatch_size = {B}\nbatches_per_file = {NB}\nworkers = 2\n"
     text += f"seed = {SEED}\n"
-    for name, weight in zip(NAMES, WEIGHTS, strict=True):
-        text += f'[datasets.mix.sources.{name}]\nprovider = "text_lm"\nweight = {weight}\n'
-        text += f"[datasets.mix.sources.{name}.args]\n" + source_args(corpora[name])
+    for spec in specs(corpora):
+        name = spec["name"]
+        text += f'[datasets.mix.sources.{name}]\nprovider = "{spec["provider"]}"\n'
+        text += f"weight = {spec['weight']}\n[datasets.mix.sources.{name}.args]\n"
+        text += "".join(f"{k} = {json.dumps(v)}\n" for k, v in spec["args"].items())
     if alone:  # the code source served on its own: its seed, one worker (one stream)
         seed = derive_seed(SEED, "mixture source", "code")
         text += textwrap.dedent(
@@ -98,11 +115,7 @@ class OwnStreams:
 
     def __init__(self, corpora: dict[str, Path], tmp: Path) -> None:
         context = ProviderContext("mix", tmp / "own", B, NB, seed=SEED)
-        specs = [
-            {"name": n, "provider": "text_lm", "weight": w, "args": ARGS | {"source": str(corpora[n])}}
-            for n, w in zip(NAMES, WEIGHTS, strict=True)
-        ]  # fmt: skip
-        self.providers = build_sources(context, specs)
+        self.providers = build_sources(context, specs(corpora))
         for p in self.providers:
             p.set_meta(source_meta(p, context))
         self.made: list[list[torch.Tensor]] = [[] for _ in NAMES]
@@ -133,7 +146,9 @@ def check_rows(batches: list[dict[str, Any]], own: OwnStreams) -> dict[int, int]
         assert b["source"].tolist() == expected, (b["seq"], b["offset"])
         counts = sched.counts(first)
         for i, s in enumerate(expected):
-            letters = {chr(c) for c in b["ids"][i].flatten().tolist() if 97 <= c < 123}
+            letters = {
+                chr(c) for c in b["ids"][i].flatten().tolist() if c < 128 and chr(c).isalnum()
+            }
             assert letters <= set(LETTERS[NAMES[s]]), (first + i, s)
             want = own.rows(s, counts[s] + 1)[counts[s]]
             assert torch.equal(b["ids"][i], want), (
