@@ -66,6 +66,10 @@ _DATASET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SPLIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SNAPSHOT_RE = re.compile(r"composer-([0-9]{10,})\.npz")
+_SOURCE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_EPOCH_START_RE = re.compile(
+    r"([A-Za-z0-9_][A-Za-z0-9_.-]{0,63})\.epoch([0-9]{1,9})\.row([0-9]{1,18})"
+)
 _TEMP_RE = re.compile(re.escape(TMP_PREFIX) + r"([0-9]+)-[0-9]+-")
 _temp_counter = iter(range(1 << 62))
 _temp_lock = threading.Lock()
@@ -170,6 +174,14 @@ class DatasetLayout:
         """The split's recent consumption, kept so that rates survive a server restart."""
         return self.stats_dir / f"{check_split_name(split)}.throughput.json"
 
+    def mixture_epochs_dir(self, split: str) -> Path:
+        """Where a mixture's workers record each source's epoch starts (mixture_epochs.py)."""
+        return self.stats_dir / f"{check_split_name(split)}.epochs"
+
+    def mixture_epoch_start_file(self, split: str, source: str, epoch: int, row: int) -> Path:
+        """The (empty) record that a mixture source's row `row` starts its epoch `epoch`."""
+        return self.mixture_epochs_dir(split) / mixture_epoch_start_name(source, epoch, row)
+
     @property
     def curriculum_dir(self) -> Path:
         return self.dir / CURRICULUM_DIR
@@ -219,6 +231,19 @@ def composer_snapshot_seq(name: str) -> int | None:
     """The seq a composer snapshot was taken after, or None for any other name."""
     m = _SNAPSHOT_RE.fullmatch(name) if isinstance(name, str) else None
     return int(m.group(1)) if m else None
+
+
+def mixture_epoch_start_name(source: str, epoch: int, row: int) -> str:
+    """`<source>.epoch<E>.row<P>`: source names are letters, digits, '_', '.', '-'."""
+    if not isinstance(source, str) or not _SOURCE_RE.fullmatch(source) or ".." in source:
+        raise InvalidRequest(f"mixture source name {clip(source)} is not a plain file name")
+    return f"{source}.epoch{int(epoch)}.row{int(row)}"
+
+
+def mixture_epoch_start_of(name: str) -> tuple[str, int, int] | None:
+    """(source, epoch, row) of an epoch start record's name, or None for any other name."""
+    m = _EPOCH_START_RE.fullmatch(name) if isinstance(name, str) else None
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
 
 
 def artifact_info_file(artifact_dir: Path) -> Path:

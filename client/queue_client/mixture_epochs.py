@@ -1,8 +1,9 @@
-"""Where a mixture source's epochs start: the on-disk record, writer and reader together.
+"""Where a mixture source's epochs start: the record's writer and reader (its name is
+layout.py's: DatasetLayout.mixture_epoch_start_file).
 
 The worker that makes the mixture file holding a source's first row of an epoch (past the
 first) creates an empty file `<source>.epoch<E>.row<P>` in `stats/<split>.epochs/` of the
-dataset dir: source's row P (in its own stream) starts its epoch E. The server counts a
+dataset dir: the source's row P (in its own stream) starts its epoch E. The server counts a
 source's epochs from them (GetStats `epochs`). A row's epoch is a fact of the source's own
 stream, the same whoever makes the file and however often, so the record needs no journal:
 creating a name is atomic, and a name made twice is the same name.
@@ -12,26 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from pathlib import Path
 
-from queue_client.layout import DatasetLayout, check_split_name, fsync_dir
-
-_NAME = re.compile(r"(?P<source>.+)\.epoch(?P<epoch>[0-9]{1,9})\.row(?P<row>[0-9]{1,18})")
+from queue_client.layout import DatasetLayout, fsync_dir, mixture_epoch_start_of
 
 
-def epochs_dir(layout: DatasetLayout, split: str) -> Path:
-    return layout.stats_dir / f"{check_split_name(split)}.epochs"
-
-
-def record_epoch_start(directory: Path, source: str, epoch: int, row: int) -> None:
+def record_epoch_start(
+    layout: DatasetLayout, split: str, source: str, epoch: int, row: int
+) -> None:
     """Source `source`'s row `row` starts its epoch `epoch` (an empty file by that name)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{source}.epoch{int(epoch)}.row{int(row)}"
+    path = layout.mixture_epoch_start_file(split, source, epoch, row)
     if path.exists():
         return
+    path.parent.mkdir(parents=True, exist_ok=True)
     os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
-    fsync_dir(directory)
+    fsync_dir(path.parent)
 
 
 def read_epoch_starts(directory: Path) -> dict[str, dict[int, int]]:
@@ -39,10 +35,10 @@ def read_epoch_starts(directory: Path) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = {}
     with contextlib.suppress(FileNotFoundError):
         for entry in os.listdir(directory):
-            found = _NAME.fullmatch(entry)
+            found = mixture_epoch_start_of(entry)
             if found is not None:
-                epochs = out.setdefault(found["source"], {})
-                epochs[int(found["epoch"])] = int(found["row"])
+                source, epoch, row = found
+                out.setdefault(source, {})[epoch] = row
     return out
 
 

@@ -26,7 +26,6 @@ from queue_client.meta import (
     split_schema,
     validate_meta,
 )
-from queue_client.mixture_epochs import epochs_dir
 from queue_client.schema import FieldSpec
 from queue_server import dataset_workers
 from queue_server.config.dataset import training_split
@@ -126,7 +125,7 @@ class DatasetRuntime:
         )
         if queue.mixture:
             queue.mixture_view = MixtureView(
-                config.args, self.meta, split, epochs_dir(self.layout, split)
+                config.args, self.meta, split, self.layout.mixture_epochs_dir(split)
             )
         return queue
 

@@ -24,7 +24,7 @@ from queue_client.batchfile import EncodedBatchFile, encode_batch_file
 from queue_client.errors import ConfigError, MetaError
 from queue_client.meta import split_schema
 from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
-from queue_client.mixture_epochs import epochs_dir, record_epoch_start
+from queue_client.mixture_epochs import record_epoch_start
 from queue_client.schema import check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.rows import source_rows
@@ -223,8 +223,7 @@ class MixtureProvider(DataProviderBase):
                 seq,
             )
             try:
-                directory = epochs_dir(self.context.layout, split)
-                record_epoch_start(directory, rows.name, epoch, row)
+                record_epoch_start(self.context.layout, split, rows.name, epoch, row)
             except OSError as exc:  # stats only: the file itself is fine
                 log.warning(
                     "dataset %s: cannot record an epoch start: %s", self.context.dataset_name, exc
