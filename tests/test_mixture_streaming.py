@@ -13,6 +13,7 @@ bytes name its source.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -30,6 +31,7 @@ from conftest import ServerFactory, wait_until
 from queue_client import QueueClient
 from queue_client.batchfile import load_batch_bytes
 from queue_client.mixture import RowSchedule, WeightPlan
+from queue_client.mixture_epochs import read_epoch_starts
 from queue_providers import create
 from queue_providers.base import ProviderContext
 from queue_providers.mixture.sources import build_sources, source_meta
@@ -290,9 +292,10 @@ def test_a_killed_worker_a_sigkill_and_a_resume_at_world_size_1_continue_every_s
     assert not missing or missing[0] >= end - 2 * R, missing[:5]
 
 
-def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path) -> None:
+def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path, caplog) -> None:
     """token_shards (sampling = "epoch") serves each window once per epoch: the rows it says
-    start an epoch are those after which the windows come again; random sampling has none."""
+    start an epoch are those after which the windows come again (random sampling has none),
+    and a mixture of it logs and records each start once."""
     path = tmp_path / "tokens.bin"
     np.arange(1, 60, dtype=np.uint16).tofile(path)  # 59 tokens: 14 windows of 4 + 1
     context = ProviderContext("ts", tmp_path / "ts", B, NB, seed=SEED)
@@ -313,3 +316,18 @@ def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path) -> None:
     sampler.set_meta(sampler.complete_meta())
     sampler.make_file("train", 5)
     assert not sampler.ordered_epochs and sampler.epoch_starts("train", 5) == []
+    # In a mixture: the worker that makes the row logs and records the epoch's start.
+    mixture = create("mixture", context, {"sources": [{"name": "ts", "provider": "token_shards",
+                                                        "weight": 1.0, "args": args}]})  # fmt: skip
+    mixture.set_meta(mixture.complete_meta())
+    with caplog.at_level(logging.INFO, logger="queue_providers.mixture"):
+        for seq in range(8):
+            mixture.make_file("train", seq)
+    logged = [r.getMessage() for r in caplog.records if "starts epoch" in r.getMessage()]
+    assert (
+        logged[0]
+        == f"dataset ts split train: source ts starts epoch 1 (its row {n}, in file seq {n // R})"
+    )
+    assert len(logged) == len(starts)
+    recorded = read_epoch_starts(context.layout.mixture_epochs_dir("train"))
+    assert recorded == {"ts": {epoch: row for row, epoch in starts}}
