@@ -30,6 +30,7 @@ import torch
 from conftest import ServerFactory, wait_until
 from queue_client import QueueClient
 from queue_client.batchfile import load_batch_bytes
+from queue_client.cli import main as cli_main
 from queue_client.mixture import RowSchedule, WeightPlan
 from queue_client.mixture_epochs import read_epoch_starts
 from queue_providers import create
@@ -210,7 +211,7 @@ def test_each_streaming_source_serves_its_own_stream_with_two_workers(shared, se
     assert torch.equal(code[: len(alone)], alone)
 
 
-def test_a_source_that_wraps_starts_its_next_epoch_and_says_so(shared, served) -> None:
+def test_a_source_that_wraps_starts_its_next_epoch_and_says_so(shared, served, capsys) -> None:
     """code's corpus is read through several times within the run: the worker that makes
     the first row of each epoch logs it once; stats count code's epochs; and its rows run on
     into each next epoch with nothing skipped or repeated (its stream holds every train
@@ -245,6 +246,10 @@ def test_a_source_that_wraps_starts_its_next_epoch_and_says_so(shared, served) -
     by_name = {s["name"]: s for s in mix["sources"]}
     assert want >= 1 and float(by_name["code"]["epochs"]) == want
     assert float(by_name["web"]["epochs"]) == 0
+    assert cli_main(["stats", "--address", server.address, "mix"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # lines may wrap at the terminal's width
+    code_line = out.split("code: weight")[1].split("bytes: weight")[0]
+    assert f", {float(want):.3f} epochs" in code_line, code_line
     with urllib.request.urlopen(f"http://{server.metrics_address}/metrics", timeout=30) as r:
         metrics = r.read().decode()
     assert (
