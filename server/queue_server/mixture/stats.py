@@ -4,7 +4,7 @@
 A source's epochs: tokens served over its split's tokens where its meta gives them (a
 sampling provider, or token_shards, whose epochs are exactly that long); else, for a source
 with ordered epochs (text_lm), the epoch its last served row is in, from the epoch starts
-the workers record (queue_client/mixture_epochs.py, one small directory read per change).
+the workers record (queue_client/mixture_epochs.py: a listing of a small folder).
 
 Served rows are those of the first consumed_files files of the split (ranks read in step,
 so this is the served prefix to within a round of files). Counts come from the same row
@@ -13,8 +13,6 @@ schedule the workers compose with, read in closed form: no simulation from row 0
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,19 +56,7 @@ class MixtureView:
             len(self.names) - len(ordered)
         )
         self.epochs_dir = epochs_dir
-        self._starts: tuple[int, dict[str, dict[int, int]]] = (-1, {})
         self._cache = ScheduleCache(4)
-
-    def epoch_starts(self) -> dict[str, dict[int, int]]:
-        """The recorded epoch starts, read again only when the directory changed."""
-        if self.epochs_dir is None:
-            return {}
-        mtime = -1
-        with contextlib.suppress(FileNotFoundError):
-            mtime = os.stat(self.epochs_dir).st_mtime_ns
-        if mtime != self._starts[0]:
-            self._starts = (mtime, read_epoch_starts(self.epochs_dir))
-        return self._starts[1]
 
     def epochs(self, source: int, rows: int) -> float | None:
         """Epochs of a source's own data in its first `rows` rows (see the module doc)."""
@@ -78,7 +64,9 @@ class MixtureView:
         if tokens:
             return rows * self.tokens_per_row / tokens
         if self.ordered_epochs[source]:
-            return float(epoch_at(self.epoch_starts().get(self.names[source], {}), rows))
+            # A listing of a folder of one empty file per epoch: cheap, and always current.
+            starts = read_epoch_starts(self.epochs_dir) if self.epochs_dir else {}
+            return float(epoch_at(starts.get(self.names[source], {}), rows))
         return None
 
     def history(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> list[dict]:
