@@ -24,7 +24,7 @@ from queue_server.config.served_ranks import EVERY_RANK, ServedRanks
 from queue_server.config.server import DatasetConfig
 from queue_server.journal.file import Journal, JournalLost
 from queue_server.journal.keeper import JournalKeeper
-from queue_server.journal.reconcile import reconcile
+from queue_server.journal.reconcile import reconcile, remove_unjournaled
 from queue_server.journal.records import AlphaChange, Consumed, MixtureChange, Quarantined
 from queue_server.mixture import changes as mixture_changes
 from queue_server.mixture.config import is_mixture
@@ -143,6 +143,7 @@ class SplitQueue:
         # Called on the first acquire: a lazy split's production starts then (dataset.py).
         self._on_first_acquire: Callable[[], None] | None = on_first_acquire
         self._production_started = False
+        self._reconciled = False  # set once open() read the journal and the directory
 
     @property
     def files(self) -> dict[int, FileEntry]:
@@ -173,6 +174,7 @@ class SplitQueue:
             self.state.journal_error = str(exc)
             log.error("%s: %s", self.where, exc)
             raise
+        self._reconciled = True
         facts = self.keeper.facts
         facts.world_size, facts.last_consumed = summary.world_size, dict(summary.last_consumed)
         facts.alpha_changes, facts.records = list(summary.alpha_changes), summary.records
@@ -228,6 +230,10 @@ class SplitQueue:
         self.production.stop()
         await self._tasks.close()
         await self.production.close()
+        # Its workers are gone, so nothing publishes any more; only with a journal that was
+        # read and written without trouble is the state the whole truth about the directory.
+        if self._reconciled and not self.state.journal_error and not self.keeper.lost:
+            await asyncio.to_thread(remove_unjournaled, self.dir, self.state)
         await self.keeper.close()
         for lease in self.leases.all():
             self.leases.drop(lease, "ended as the server shut down")
