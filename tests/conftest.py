@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from queue_server.testing import ServerProcess
+from queue_server.testing import ServerProcess, unexpected_exits
 from queue_server.testing import wait_until as wait_until  # re-exported for the tests
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +38,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         defs = info.name2fixturedefs.values() if info is not None else ()
         if any(d[-1].scope == "module" for d in defs if d):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report names every test server that ended on its own meanwhile (a
+    module's shared one included), with its exit status and the end of its log."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for text in unexpected_exits():
+            report.sections.append(("queue-server that ended on its own", text))
 
 
 def train_losses(

@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queue_server.curriculum.composer import CandidateFile
+from queue_server.curriculum.candidate_files import CandidateFile
 from queue_server.curriculum.pool import Pool
 from queue_server.curriculum.scoring import (
     FileRows,

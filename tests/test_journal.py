@@ -305,3 +305,23 @@ def test_a_start_keeps_the_journaled_files_and_removes_the_unjournaled_ones(
     assert sorted(state.files) == [1, 2]
     assert sorted(os.listdir(files)) == [names[1], names[2]]
     assert state.counters.orphans_removed == 2  # seq 0 (consumed) and seq 3 (unjournaled)
+
+
+def test_a_clean_stop_leaves_exactly_the_journaled_files(start_server) -> None:
+    """What a stop can leave behind (a file a worker published while the stop cancelled its
+    job, never journaled) is removed by the stop itself, once the workers are gone; every
+    journaled file stays. So the next start removes nothing, even one refused for a changed
+    input, which must leave the data root as it found it."""
+    from queue_client.batchfile import BatchFileName
+
+    server = start_server(TINY)
+    server.wait_ready_files("d", 2)
+    qdir = server.data_root / "d" / "queue" / "train"
+    journaled = sorted(p.name for p in qdir.iterdir())
+    seq = max(p.seq for p in map(BatchFileName.parse, journaled) if p) + 1_000  # not made yet
+    stray = qdir / str(BatchFileName(1_000, seq, 2))
+    stray.write_bytes(b"a batch file no journal record names")
+    server.stop()
+    left = sorted(p.name for p in qdir.iterdir())
+    assert stray.name not in left, left
+    assert set(journaled) <= set(left), (journaled, left)  # made meanwhile may be more

@@ -34,6 +34,7 @@ from queue_client.resume import STATE_VERSION, StreamPlan, plan_resume
 from queue_client.rows import rows_dependence
 from queue_client.rpc import Rpc
 from queue_client.schema import FieldSpec
+from queue_client.steering import SteeringMixin
 from queue_client.storage import codec_for
 from queue_client.stream import LeaseRef, SplitStream, StreamView
 from queue_client.transfer import Transfer
@@ -45,8 +46,10 @@ log = logging.getLogger("queue_client")
 Batch = tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]
 
 
-class QueueClient(LeaseMixin):
-    """Batches of one dataset for one trainer rank. Not thread-safe: one trainer thread calls it."""
+class QueueClient(LeaseMixin, SteeringMixin):
+    """Batches of one dataset for one trainer rank. Not thread-safe: one trainer thread calls it.
+
+    Its lease RPCs are leasing.py's; set_curriculum and set_mixture are steering.py's."""
 
     def __init__(
         self,
@@ -204,67 +207,6 @@ class QueueClient(LeaseMixin):
             checked.append(target)
         stream.next_into(self._transfer, checked)
         return out
-
-    def set_curriculum(self, alpha: float | None, split: str = "train") -> int:
-        """Set the curriculum's alpha (None: back to the config schedule) for a dataset served
-        with selection = "curriculum"; returns the first served seq composed with it.
-
-        The change is anchored to this rank's position in its stream, so the same calls at the
-        same steps give the same batches: it reaches this rank within max_backlog_files + 3
-        files. Call it from every rank at the same step, or from one; both are deterministic.
-        """
-        self._check_split(split)
-        if alpha is not None and not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
-            raise errors.InvalidRequest(f"alpha {alpha!r} is outside [0, 1]")
-        request = pb.SetCurriculumRequest(
-            dataset=self.dataset,
-            split=split,
-            position_seq=self._position(split),
-            rank=self.world.rank,
-        )
-        if alpha is not None:
-            request.alpha = float(alpha)
-        reply = self._rpc.call("SetCurriculum", request, timeout_s=self.timeout_s)
-        return int(reply.effective_seq)
-
-    def set_mixture(self, weights: Mapping[str, float] | None, split: str = "train") -> int:
-        """Set the source weights of a mixture dataset (None: back to the config's weights
-        and schedule); returns the first seq whose rows are drawn by them (docs/mixtures.md).
-
-        Anchored to this rank's position as set_curriculum is: calls from every rank at the
-        same step land on the same seq, within max_backlog_files + 3 files of this rank.
-        Unknown names, negative or NaN weights, all zero: InvalidRequest naming them.
-        """
-        self._check_split(split)
-        request = pb.SetMixtureRequest(
-            dataset=self.dataset,
-            split=split,
-            position_seq=self._position(split),
-            rank=self.world.rank,
-        )
-        if weights is None:
-            request.reset = True
-        else:
-            for name, weight in weights.items():
-                if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                    raise errors.InvalidRequest(
-                        f"weight of source {name!r} is {weight!r}: not a number"
-                    )
-                request.weights[str(name)] = float(weight)
-        reply = self._rpc.call("SetMixture", request, timeout_s=self.timeout_s)
-        return int(reply.effective_seq)
-
-    def _position(self, split: str) -> int:
-        """The seq of the file this rank reads now (or reads first, before any batch)."""
-        if self.mode != "deterministic":
-            return self.world.rank  # the server refuses the call, naming the dataset's mode
-        stream = self._streams.get(split)
-        if stream is not None and stream.current is not None:
-            return int(stream.current.seq)
-        plan = stream.plan() if stream is not None else self._resume.get(split)
-        if plan is not None:
-            return int(plan.items[0][0]) if plan.items else int(plan.next_seq)
-        return self.world.rank
 
     def stream_view(self, split: str) -> StreamView:
         """Where `split`'s stream stands: the file being read, the next batch's place in it,

@@ -43,13 +43,8 @@ from queue_providers.text.plan import (
 )
 from queue_providers.text.readers import ReadOptions, iter_docs
 from queue_providers.text.stream import SplitStream, StreamConfig
-from queue_providers.text.tokenizer import (
-    TextTokenizer,
-    load_tokenizer,
-    parse_tokenizer_arg,
-    prepare_tokenizer,
-    tokenizer_files,
-)
+from queue_providers.text.tokenizer import TextTokenizer, parse_tokenizer_arg, tokenizer_files
+from queue_providers.text.tokenizer_snapshot import load_tokenizer, prepare_tokenizer
 
 __all__ = ["CorpusError", "TextLMProvider"]
 

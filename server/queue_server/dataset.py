@@ -189,7 +189,7 @@ class DatasetRuntime:
 
     async def _start_production(self, split: str) -> None:
         queue = self.splits[split]
-        await queue.serve_allowed.wait()  # never before the inputs were checked
+        await queue.gate.allowed.wait()  # never before the inputs were checked
         if self.state != FAILED:
             await queue.start_production()
 

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,6 +40,10 @@ SERVER_COMMAND = (sys.executable, "-m", "queue_server")
 READY_FILE = "ready.json"
 LOG_FILE = "server.log"
 CONFIG_FILE = "config.toml"
+
+# Every server started in this process, so that a failed test can say which of them ended
+# on its own (tests/conftest.py adds that to the failure report).
+_STARTED: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 
 class ServerExited(RuntimeError):
@@ -132,6 +137,9 @@ class ServerProcess:
                 pass_fds=tuple(pass_fds),
             )
         self.pid = self.proc.pid
+        self.signalled = False  # set once this process sends it a signal
+        self._exit_reported = False
+        _STARTED.add(self)
         self.address = ""  # set by wait_bound
         self.metrics_address = ""
         self._channel: grpc.Channel | None = None
@@ -231,6 +239,7 @@ class ServerProcess:
     def kill(self, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> None:
         """Send `sig` (if it still runs) and wait for the process to end."""
         self.close_channel()
+        self.signalled = True
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         self.proc.wait(timeout=timeout_s)
@@ -240,6 +249,7 @@ class ServerProcess:
         workers included, as a terminal does on Ctrl-C."""
         if os.getpgid(self.pid) != self.pid:
             raise RuntimeError("signal_group needs a server started with own_process_group=True")
+        self.signalled = True
         os.killpg(self.pid, sig)
 
     def wait_exit(self, timeout_s: float = 60.0) -> int:
@@ -274,3 +284,18 @@ __all__ = [
     "ServerProcess",
     "wait_until",
 ]
+
+
+def unexpected_exits() -> list[str]:
+    """Servers started here that ended with a failure code although nothing here signalled
+    them, each once: their pid, exit code and the end of their log. A test that fails because
+    its server went away then says why, instead of only "connection refused"."""
+    found = []
+    for server in list(_STARTED):
+        code = server.proc.poll()
+        if code in (None, 0) or server.signalled or server._exit_reported:
+            continue
+        server._exit_reported = True
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        found.append(f"queue-server pid {server.pid} ended by {how}:\n{server.log_tail(40)}")
+    return found

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from queue_client.batchfile import BatchFile, PublishedFile, load_batch_file, write_batch_file
+from queue_client.batchfile import PublishedFile
+from queue_server.curriculum.candidate_files import CandidateFile, write_served
 from queue_server.curriculum.corpus import kl_divergence
 from queue_server.curriculum.pool import Pool
 from queue_server.curriculum.schedule import alpha_for
@@ -39,31 +40,6 @@ from queue_server.curriculum.shards import best_of, owned
 from queue_server.curriculum.snapshot import restore_snapshot, save_snapshot
 
 _EPS = 1e-9  # of g(t) = 1 / (served(t) + 1e-9 * (N + 1)), as in scoring.py
-
-
-@dataclass
-class CandidateFile:
-    batches: BatchFile
-    offsets: np.ndarray
-    ids: np.ndarray
-    counts: np.ndarray
-
-    @classmethod
-    def load(cls, path: Path, vocab_size: int) -> CandidateFile:
-        bf = load_batch_file(path)
-        try:
-            offsets = bf.extras["token_hist_offsets"].numpy()
-            ids = bf.extras["token_hist_ids"].numpy().astype(np.int64)
-            counts = bf.extras["token_hist_counts"].numpy().astype(np.float64)
-        except KeyError:
-            raise ValueError(f"{path}: candidate file has no token histograms") from None
-        if len(offsets) != bf.metadata["num_batches"] + 1 or (ids.size and ids.max() >= vocab_size):
-            raise ValueError(f"{path}: token histograms do not fit {vocab_size} ids")
-        return cls(bf, offsets, ids, counts)
-
-    def hist(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        lo, hi = self.offsets[index], self.offsets[index + 1]
-        return self.ids[lo:hi], self.counts[lo:hi]
 
 
 @dataclass
@@ -365,22 +341,10 @@ class Composer:
         picks: Sequence[Sequence[int]],
         alphas: Sequence[float],
     ) -> PublishedFile:
-        """Publish served file `seq`: the picked batches copied out of their candidate files."""
-        from queue_client.storage import stack_stored  # torch: never in the server process
-
-        first = self._file(int(picks[0][0])).batches
-        # What the files store, copied as stored (FORMAT.md).
-        picked = [
-            {n: t[int(i)] for n, t in self._file(int(c)).batches.stored.items()} for c, i in picks
-        ]
-        tensors = stack_stored(first.schema, picked)
-        metadata = {
-            key: first.metadata[key] for key in ("dataset", "split", "batch_size", "schema")
-        }
-        metadata["curriculum_alphas"] = [round(a, 6) for a in alphas]
-        return write_batch_file(
-            directory, seq=seq, tensors=tensors, metadata=metadata, version=first.version
-        )
+        """Publish served file `seq`: the picked (candidate seq, batch index) copied out of
+        their candidate files (candidate_files.py)."""
+        files = [(self._file(int(c)), int(i)) for c, i in picks]
+        return write_served(directory, seq, files, alphas)
 
     # ---- snapshots (snapshot.py) ------------------------------------------------------------
     def save(self, path: Path) -> None:

@@ -46,7 +46,7 @@ import numpy as np
 from queue_server.curriculum.pool import Pool, _ranges
 
 if TYPE_CHECKING:
-    from queue_server.curriculum.composer import CandidateFile
+    from queue_server.curriculum.candidate_files import CandidateFile
 
 _EPS = 1e-9
 # Head columns: a float32 matrix of buffer x HEAD_TOKENS (1,000 x 2,048 = 8 MB), multiplied

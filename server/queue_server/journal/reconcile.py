@@ -90,3 +90,18 @@ def reconcile(
             (directory / str(name)).unlink(missing_ok=True)
             c.orphans_removed += 1
     return summary
+
+
+def remove_unjournaled(directory: Path, state: SplitState) -> int:
+    """At a clean stop, after the workers are gone: remove the batch files no journal record
+    names (a worker's file published while the stop cancelled its job, a consumed file whose
+    delete the stop cut short), so that the directory is exactly the journal's view and the
+    next start has nothing to clean up, even one that is then refused (a changed input).
+    Returns how many it removed."""
+    removed = 0
+    for name in scan_queue(directory):
+        entry = state.files.get(name.seq)
+        if entry is None or entry.name != str(name):
+            (directory / str(name)).unlink(missing_ok=True)
+            removed += 1
+    return removed

@@ -3,12 +3,9 @@
 Which seq each slot makes next (forward, reproduce, windows, node-local advances) is the
 planner's business (planner.py). Here: a release or an acquire calls kick(), which gives every
 idle slot its next job at once (backpressure without polling); what comes back is journaled,
-then published to the split; failures back off (a full disk) or restart the slot, at once the
-first time and then after a delay doubling from 0.5 s to 30 s while it keeps failing (a worker
-that dies at start or on every file does not spin), reset by the slot's next file made. Each
-slot counts its own failures in a row: slots that die together (the actors of a lost Ray node)
-are not one slot failing again and again. Nothing is made while the split's journal cannot be
-written (journal/keeper.py).
+then published to the split; failures back off (a full disk) or restart the slot (restarts.py:
+at once the first time, then after a growing delay while it keeps failing). Nothing is made
+while the split's journal cannot be written (journal/keeper.py).
 
 Which backend makes the file (worker processes here, Ray actors elsewhere, a curriculum
 composer) is the backend's business; nothing here depends on it.
@@ -30,7 +27,6 @@ from queue_server.journal.file import StaleOffset
 from queue_server.journal.keeper import JournalKeeper
 from queue_server.journal.records import Advanced, Produced
 from queue_server.production.backend import (
-    BackendUnavailable,
     ProducedFile,
     ProduceFailed,
     ProduceJob,
@@ -38,6 +34,7 @@ from queue_server.production.backend import (
     SlotDied,
 )
 from queue_server.production.planner import Job, Planner
+from queue_server.production.restarts import SlotRestarts
 from queue_server.signal import Signal
 from queue_server.split.leases import LeaseTable
 from queue_server.split.schedule import Schedule
@@ -49,10 +46,6 @@ log = logging.getLogger("queue_server.production")
 # backs off and retries instead of counting a crash.
 DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
 _DISK_BACKOFF_S = (0.2, 5.0)
-# Retries of a slot whose engine (a Ray cluster) is gone: soon at first, then every few seconds.
-_UNAVAILABLE_BACKOFF_S = (0.5, 5.0)
-# Restarts of a slot that keeps failing: the first at once, then this, doubling, capped.
-WORKER_BACKOFF_S = (0.5, 30.0)
 
 
 class Production:
@@ -85,29 +78,24 @@ class Production:
         self.journal = keeper.journal
         self.files_dir = files_dir
         self.changed = changed
-        self.max_restarts = max_restarts
-        self._on_fatal = on_fatal
         self._job_overrides = job_overrides
-        self._on_unavailable = on_unavailable
-        self._unavailable_backoff_s = _UNAVAILABLE_BACKOFF_S[0]
-        self._unavailable = False
         self.verbose = verbose
         self.slots = backend.slots
         self.plan = Planner(self.slots, schedule, state, can_advance=can_advance)
         # Forward seq -> the state before it, when its journal line could not be written:
         # the slot's stream is past it, so it is made again from that state.
         self._unjournaled: dict[int, dict[str, Any]] = {}
-        self._busy: set[int] = set()
-        self._running: set[int] = set()
-        # Failures in a row, per slot: slots that die together (a Ray node lost with its
-        # actors) are as many slots failing once each, not one slot failing that often.
-        self._failures: dict[int, int] = {}
+        self.busy: set[int] = set()  # slots with a job, or down until their restart
+        self.running: set[int] = set()  # slots started
         self._disk_backoff_until = 0.0
         self._disk_backoff_s = _DISK_BACKOFF_S[0]
         self._retry_armed = False
-        self._stopped = False
-        self._tasks = BackgroundTasks()
-        backend.on_slot_exit = self._exited_idle
+        self.stopped = False
+        self.tasks = BackgroundTasks()
+        self.restarts = SlotRestarts(
+            self, max_restarts=max_restarts, on_fatal=on_fatal, on_unavailable=on_unavailable
+        )
+        backend.on_slot_exit = self.restarts.exited_idle
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property
@@ -120,10 +108,10 @@ class Production:
 
     async def start(self) -> None:
         """Start every slot at once: each worker's provider loads in its own process."""
-        await asyncio.gather(*(self._start_slot(slot) for slot in range(self.slots)))
+        await asyncio.gather(*(self.start_slot(slot) for slot in range(self.slots)))
         self.kick()
 
-    async def _start_slot(self, slot: int) -> None:
+    async def start_slot(self, slot: int) -> None:
         """Start a slot whose stream carries on after its last journaled forward file."""
         nxt = self.plan.next_forward[slot]
         s = self.state
@@ -139,7 +127,7 @@ class Production:
         if last is not None:
             _, state = await self._read_states(last)
         self.plan.stateful = await self.backend.start_slot(slot, state or None)
-        self._running.add(slot)
+        self.running.add(slot)
 
     async def _read_states(self, seq: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """The journaled states around seq; a compaction may move its record meanwhile."""
@@ -155,15 +143,15 @@ class Production:
 
     def stop(self) -> None:
         """Make nothing more (the split closes or failed)."""
-        self._stopped = True
+        self.stopped = True
 
     async def close(self) -> None:
-        self._stopped = True
-        await self._tasks.close()
+        self.stopped = True
+        await self.tasks.close()
         await self.backend.close()
 
     def kill(self) -> None:
-        self._stopped = True
+        self.stopped = True
         self.backend.kill()
 
     # ---- what to make -------------------------------------------------------------------
@@ -204,7 +192,7 @@ class Production:
 
     def kick(self) -> None:
         """Give every idle slot its next job, if any is due."""
-        if self._stopped or self.state.leaving or not self.keeper.healthy:
+        if self.stopped or self.state.leaving or not self.keeper.healthy:
             return
         loop = asyncio.get_running_loop()
         if loop.time() < self._disk_backoff_until:
@@ -213,16 +201,16 @@ class Production:
             return
         held: dict[int, int] | None = None
         for slot in range(self.slots):
-            if slot in self._busy or slot not in self._running:
+            if slot in self.busy or slot not in self.running:
                 continue
             if held is None:
                 held = self.leases.lowest_held()
             unleased = len(self.state.files) - len(self.leases)
             job = self.plan.next_job(slot, held, unleased)
             if job is not None:
-                self._busy.add(slot)
+                self.busy.add(slot)
                 self.plan.started(job)
-                self._tasks.spawn(self._produce(slot, job))
+                self.tasks.spawn(self._produce(slot, job))
 
     # ---- making it ----------------------------------------------------------------------
     async def _produce(self, slot: int, job: Job) -> None:
@@ -246,13 +234,13 @@ class Production:
             )
         except (ProduceFailed, SlotDied) as exc:
             self.plan.finished(job, slot, journaled=False)
-            self._busy.discard(slot)
+            self.busy.discard(slot)
             if isinstance(exc, ProduceFailed) and exc.errno in DISK_ERRNOS:
                 self._disk_trouble(seq, str(exc))
             else:
-                await self._slot_failed(slot, f"seq {seq}: {exc}")
+                await self.restarts.failed(slot, f"seq {seq}: {exc}")
             return
-        self._busy.discard(slot)
+        self.busy.discard(slot)
         if not job.publish and made.name:
             # A backend that ignores publish=False wrote the file: no rank here reads it.
             await asyncio.to_thread((self.files_dir / made.name).unlink, missing_ok=True)
@@ -269,8 +257,7 @@ class Production:
             return
         self.plan.finished(job, slot, journaled=True)
         self._unjournaled.pop(seq, None)
-        self._failures.pop(slot, None)
-        self.state.worker_backoff_s = 0.0
+        self.restarts.succeeded(slot)
         self._disk_backoff_s = _DISK_BACKOFF_S[0]
         self.state.last_disk_error = ""
         if not job.again:
@@ -316,19 +303,6 @@ class Production:
         self.changed.notify()
 
     # ---- trouble ------------------------------------------------------------------------
-    def _exited_idle(self, slot: int) -> None:
-        """A slot's process exited on its own. In a call, the call reports it; idle, it is
-        restarted now, so stats never show a dead pid and the next file does not wait."""
-        if self._stopped or slot in self._busy or slot not in self._running:
-            return
-        self._busy.add(slot)  # no job for it meanwhile
-
-        async def restart() -> None:
-            self._busy.discard(slot)
-            await self._slot_failed(slot, f"{self.where} slot {slot} exited while idle")
-
-        self._tasks.spawn(restart())
-
     def _disk_trouble(self, seq: int, message: str) -> None:
         self.state.counters.disk_errors += 1
         delay = self._disk_backoff_s
@@ -347,65 +321,4 @@ class Production:
 
     def _retry(self) -> None:
         self._retry_armed = False
-        self.kick()
-
-    async def _slot_failed(self, slot: int, message: str) -> None:
-        if self._stopped:
-            return
-        failures = self._failures[slot] = self._failures.get(slot, 0) + 1
-        self.state.last_error = message
-        log.error("%s slot %d failed: %s", self.where, slot, message)
-        if failures > self.max_restarts:
-            self._on_fatal(
-                f"worker {slot} of split {self.split!r} failed {failures} times in a row; "
-                f"last error: {message}"
-            )
-            return
-        self._running.discard(slot)
-        self._busy.add(slot)
-        await self.backend.stop_slot(slot)
-        self.state.counters.worker_restarts += 1
-        # The first failure in a row restarts at once; one that keeps failing waits longer.
-        delay = 0.0
-        if failures > 1:
-            low, high = WORKER_BACKOFF_S
-            delay = min(high, low * 2 ** (failures - 2))
-        self.state.worker_backoff_s = delay
-        if delay:
-            log.warning(
-                "%s slot %d: failure %d in a row; restarting it in %.1fs",
-                self.where,
-                slot,
-                failures,
-                delay,
-            )
-            await asyncio.sleep(delay)  # the backoff itself: the slot stays down meanwhile
-            if self._stopped:
-                return
-        await self._restart(slot)
-
-    async def _restart(self, slot: int) -> None:
-        try:
-            await self._start_slot(slot)
-        except BackendUnavailable as exc:
-            # Not the provider's fault: retry with backoff, NOT_SERVING meanwhile.
-            self.state.last_error = str(exc)
-            self._unavailable = True
-            self._on_unavailable(str(exc))
-            delay = self._unavailable_backoff_s
-            self._unavailable_backoff_s = min(delay * 2, _UNAVAILABLE_BACKOFF_S[1])
-            log.warning("%s slot %d: %s; retrying in %.1fs", self.where, slot, exc, delay)
-            asyncio.get_running_loop().call_later(
-                delay, lambda: None if self._stopped else self._tasks.spawn(self._restart(slot))
-            )
-            return
-        except Exception as exc:  # a slot that cannot even start counts as another failure
-            self._busy.discard(slot)
-            await self._slot_failed(slot, f"restart failed: {exc}")
-            return
-        if self._unavailable:
-            self._unavailable = False
-            self._unavailable_backoff_s = _UNAVAILABLE_BACKOFF_S[0]
-            self._on_unavailable(None)
-        self._busy.discard(slot)
         self.kick()

@@ -4,6 +4,8 @@ The jobs live next door: schedule.py (which seq each rank reads, windows), split
 holds which file, until when), production/ (which seq each slot makes next; the backend that
 makes it), journal/records.py (the record that survives a crash), journal/reconcile.py (disk vs journal at
 start). This class answers the RPCs of one split: acquire, renew, release, SetCurriculum.
+A split opened from disk is opening.py's; a file leaving it (consumed, quarantined) is
+removal.py's; SetCurriculum is curriculum/changes.py's and SetMixture mixture/changes.py's.
 
 Everything here runs on the event loop and never blocks it: files are made in other
 processes, deletes run in a thread, and waiting is on a Signal, not on sleeps.
@@ -12,19 +14,17 @@ processes, deletes run in a thread, and waiting is on a Signal, not on sleeps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import shutil
 from collections.abc import Callable
 
 from queue_client import errors
-from queue_client.layout import DatasetLayout, reason_file
+from queue_client.layout import DatasetLayout
 from queue_server.background import BackgroundTasks
 from queue_server.config.served_ranks import EVERY_RANK, ServedRanks
 from queue_server.config.server import DatasetConfig
-from queue_server.journal.file import Journal, JournalLost
+from queue_server.curriculum import changes as curriculum_changes
+from queue_server.journal.file import Journal
 from queue_server.journal.keeper import JournalKeeper
-from queue_server.journal.reconcile import reconcile
+from queue_server.journal.reconcile import remove_unjournaled
 from queue_server.journal.records import AlphaChange, Consumed, MixtureChange, Quarantined
 from queue_server.mixture import changes as mixture_changes
 from queue_server.mixture.config import is_mixture
@@ -32,12 +32,11 @@ from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProductionBackend, WorkerPlace
 from queue_server.production.producer import Production
 from queue_server.signal import Signal
+from queue_server.split import opening, removal
 from queue_server.split.leases import Lease, LeaseDirectory, LeaseTable, ReleaseOutcome
 from queue_server.split.schedule import Schedule
 from queue_server.split.state import Counters, FileEntry, SplitState
 from queue_server.split.stats import SplitSnapshot, snapshot
-
-log = logging.getLogger("queue_server.split")
 
 
 class SplitQueue:
@@ -132,17 +131,13 @@ class SplitQueue:
         )
         # A backend that waits for room on its engine (a Ray node) says so, and for how long.
         backend.on_stalled = lambda reason: on_unavailable("placement", reason)
-        self._tasks = BackgroundTasks()
+        self.tasks = BackgroundTasks()  # ends with the split: lease reaping, files leaving
         self._failed: str | None = None
         self._closed = False
-        # Set once the dataset may hand out this split's files (its inputs were checked);
-        # `gated` leaves it to the dataset, else it is set from the start. Acquire waits on it.
-        self.serve_allowed = asyncio.Event()
-        if not gated:
-            self.serve_allowed.set()
-        # Called on the first acquire: a lazy split's production starts then (dataset.py).
-        self._on_first_acquire: Callable[[], None] | None = on_first_acquire
-        self._production_started = False
+        # Acquire waits until the dataset checked the inputs (`gated`); a lazy split's
+        # production starts on its first acquire (on_first_acquire, dataset.py).
+        self.gate = opening.StartGate(gated, on_first_acquire)
+        self.reconciled = False  # set once open() read the journal and the directory
 
     @property
     def files(self) -> dict[int, FileEntry]:
@@ -163,60 +158,29 @@ class SplitQueue:
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def open(self, start_production: bool = True) -> None:
-        """Reconcile the directory with the journal (compacting a long one), then start
-        production (or leave that to start_production)."""
-        try:
-            summary = await asyncio.to_thread(
-                reconcile, self.dir, self.quarantine, self.journal, self.state
-            )
-        except JournalLost as exc:
-            self.state.journal_error = str(exc)
-            log.error("%s: %s", self.where, exc)
-            raise
-        facts = self.keeper.facts
-        facts.world_size, facts.last_consumed = summary.world_size, dict(summary.last_consumed)
-        facts.alpha_changes, facts.records = list(summary.alpha_changes), summary.records
-        if self.keeper.compact_records and summary.records >= self.keeper.compact_records:
-            try:
-                await asyncio.to_thread(self.keeper.compact_now)
-            except OSError as exc:  # a long journal still replays: serve, compact later
-                log.warning("%s: journal compaction at start failed: %s", self.where, exc)
-        journaled = summary.world_size if summary.consumed_count else None
-        if self.served.all:  # the clients' world size, as the journal last saw it
-            self.schedule.world_size = journaled or self.served.world_size or 1
-            self.schedule.last_consumed = dict(summary.last_consumed)
-        elif journaled == self.served.world_size:  # a fixed world: positions in another lapse
-            self.schedule.last_consumed = dict(summary.last_consumed)
-        changes = summary.alpha_changes
-        self.alpha_overrides = [(c.at, c.alpha) for c in changes if isinstance(c, AlphaChange)]
-        self.mixture_changes = [(c.at, c.weights) for c in changes if isinstance(c, MixtureChange)]
-        self.production.resume(summary.last_forward)
-        self._tasks.spawn(self._reap_leases())
+        """Reconcile the directory with the journal (compacting a long one) and carry its
+        state on (opening.py), then start production (or leave that to start_production)."""
+        await opening.restore(self)
+        self.tasks.spawn(self._reap_leases())
         if start_production:
             await self.start_production()
 
     async def start_production(self) -> None:
         """Start the split's workers (once): at open, or later for a split started lazily."""
-        if self._production_started:
+        if self.gate.production_started:
             return
-        self._production_started = True
+        self.gate.production_started = True
         await self.production.start()
-
-    @property
-    def production_started(self) -> bool:
-        return self._production_started
 
     def allow_serving(self) -> None:
         """The dataset's inputs were checked: acquire may hand out files now."""
-        self.serve_allowed.set()
+        self.gate.allowed.set()
         self.changed.notify()
 
     async def _wait_allowed(self, deadline: float) -> None:
         """Ask for production once, then wait (up to the deadline) until serving is allowed."""
-        first, self._on_first_acquire = self._on_first_acquire, None
-        if first is not None:
-            first()
-        while not self.serve_allowed.is_set():
+        self.gate.first_acquire()
+        while not self.gate.allowed.is_set():
             self._check_serving()
             if not await self._wait(deadline):
                 raise errors.NoBatchReady(
@@ -226,8 +190,12 @@ class SplitQueue:
     async def close(self) -> None:
         self._closed = True
         self.production.stop()
-        await self._tasks.close()
+        await self.tasks.close()
         await self.production.close()
+        # Its workers are gone, so nothing publishes any more; only with a journal that was
+        # read and written without trouble is the state the whole truth about the directory.
+        if self.reconciled and not self.state.journal_error and not self.keeper.lost:
+            await asyncio.to_thread(remove_unjournaled, self.dir, self.state)
         await self.keeper.close()
         for lease in self.leases.all():
             self.leases.drop(lease, "ended as the server shut down")
@@ -285,7 +253,7 @@ class SplitQueue:
             raise errors.InvalidRequest("client_id is empty: each client process sends its own id")
         world = self.schedule.check(rank, world_size, seq, carried)
         deadline = asyncio.get_running_loop().time() + wait_s
-        if not self.serve_allowed.is_set() or self._on_first_acquire is not None:
+        if not self.gate.passed:
             await self._wait_allowed(deadline)
         self.schedule.adopt(world_size, self.leases.world_sizes(), self.where)
         if not self.schedule.deterministic:
@@ -361,13 +329,7 @@ class SplitQueue:
         entry = self.state.files[lease.seq]
         why = f"released as {ReleaseOutcome(outcome).name}"
         if outcome == ReleaseOutcome.CONSUMED:
-            self._journal(Consumed(lease.seq, lease.world_size))
-            self.leases.drop(lease, why)
-            del self.state.files[lease.seq]
-            self.state.consumed.add(lease.seq)
-            self.state.counters.consumed_files += 1
-            self.schedule.note_consumed(lease.rank, lease.seq)
-            self._off_disk(entry.seq, lambda: (self.dir / entry.name).unlink(missing_ok=True))
+            removal.consume(self, lease, entry, why)
         elif outcome == ReleaseOutcome.CORRUPT:
             # Quarantined first: a record that cannot be journaled leaves the lease as it was.
             self.quarantine_file(entry, reason or "reported corrupt by a client")
@@ -387,36 +349,9 @@ class SplitQueue:
             ) from None
 
     def quarantine_file(self, entry: FileEntry, reason: str) -> None:
-        """Move a file aside with its reason; in deterministic mode its seq is produced again."""
-        self._journal(Quarantined(entry.seq, reason[:500]))
-        self.state.files.pop(entry.seq, None)
-        self.state.quarantined.add(entry.seq)
-        self.state.counters.quarantined_files += 1
-        src, dst = self.dir / entry.name, self.quarantine / entry.name
-
-        def move() -> None:
-            with contextlib.suppress(FileNotFoundError):
-                shutil.move(src, dst)
-                reason_file(dst).write_text(reason + "\n", encoding="utf-8")
-
-        self._off_disk(entry.seq, move)
-        if self.schedule.deterministic:
-            self.production.make_again(entry.seq)
-        log.warning("%s seq %d quarantined: %s", self.where, entry.seq, reason)
-
-    def _off_disk(self, seq: int, remove: Callable[[], None]) -> None:
-        """Remove a file from the split's directory in a thread. Production waits until it is
-        gone, so the files on disk never exceed the windows, not even for a moment."""
-        self.state.leaving.add(seq)
-
-        async def run() -> None:
-            try:
-                await asyncio.to_thread(remove)
-            finally:
-                self.state.leaving.discard(seq)
-                self.production.kick()
-
-        self._tasks.spawn(run())
+        """Move a file aside with its reason (removal.py); in deterministic mode its seq is
+        produced again."""
+        removal.quarantine(self, entry, reason)
 
     async def _reap_leases(self) -> None:
         """Expire leases whose client stopped renewing; their files go back to the same seq."""
@@ -430,42 +365,12 @@ class SplitQueue:
 
     # ---- curriculum -----------------------------------------------------------------------
     def set_curriculum(self, alpha: float | None, position: int | None, rank: int) -> int:
-        """Change alpha (None: back to the config schedule) from a seq on; returns that seq.
-
-        With the caller's position (the seq of the file it reads), the change starts at the
-        first round of W files past any that can be composed already, so the same calls at
-        the same steps give the same batches whatever the timing: within
-        (max_backlog_files + 3) files of the caller's stream. Without one it starts at the next
-        file not yet composed: sooner, but timing-dependent.
-        """
-        if not self.curriculum:
-            raise errors.InvalidRequest(
-                f'{self.where} does not use selection = "curriculum" (it is '
-                f"{self.config.selection!r}): set it in the dataset's config to use SetCurriculum"
-            )
-        if alpha is not None and not (isinstance(alpha, float) and 0.0 <= alpha <= 1.0):
-            raise errors.InvalidRequest(f"alpha {alpha!r} for {self.where} is outside [0, 1]")
-        if position is not None and position < 0:
-            raise errors.InvalidRequest(f"position seq {position} for {self.where} is negative")
-        at = self.production.earliest_unmade()
-        if position is not None:
-            at = self.schedule.change_point(position, at)
-        self._journal(AlphaChange(at, alpha, rank))
-        self.alpha_overrides.append((at, alpha))
-        log.info(
-            "%s: alpha %s from seq %d on", self.where, "schedule" if alpha is None else alpha, at
-        )
-        return at
+        """SetCurriculum (queue_server/curriculum/changes.py); returns the first seq it applies to."""
+        return curriculum_changes.set_curriculum(self, alpha, position, rank)
 
     def set_mixture(self, weights: dict[str, float] | None, position: int | None, rank: int) -> int:
         """SetMixture (queue_server/mixture/changes.py); returns the first seq it applies to."""
         return mixture_changes.set_mixture(self, weights, position, rank)
-
-    def mixture_stats(self) -> dict | None:
-        if self.mixture_view is None:
-            return None
-        consumed = self.state.counters.consumed_files
-        return self.mixture_view.stats(self.mixture_changes, consumed)
 
     # ---- stats ----------------------------------------------------------------------------
     def snapshot(self) -> SplitSnapshot:

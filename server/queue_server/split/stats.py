@@ -125,7 +125,7 @@ def snapshot(queue: SplitQueue) -> SplitSnapshot:
         worker_backoff_s=state.worker_backoff_s,
         last_worker_error=state.last_error,
         curriculum=curriculum,
-        mixture=queue.mixture_stats(),
+        mixture=mixture_stats(queue),
         warnings=warnings,
         **state.accounting(),
     )
@@ -153,3 +153,11 @@ def training_view(
         epochs=epochs,
         epoch_eta_s=eta,
     )
+
+
+def mixture_stats(queue: SplitQueue) -> dict | None:
+    """A mixture split's per-source counts (mixture/stats.py), from its consumed files."""
+    if queue.mixture_view is None:
+        return None
+    consumed = queue.state.counters.consumed_files
+    return queue.mixture_view.stats(queue.mixture_changes, consumed)

@@ -1,0 +1,84 @@
+"""A split's start: opened from what is on disk, then let serve, its workers started once.
+
+restore: its directory made to agree with its journal (journal/reconcile.py), a long journal
+compacted, and what the journal says carried on: the clients' world size and each rank's last
+consumed seq (the schedule), SetCurriculum and SetMixture changes, and the seq each slot makes
+next (production). StartGate: acquire waits until the dataset checked its inputs against meta,
+and a lazy split's workers start on its first acquire (dataset.py decides which are lazy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from queue_server.journal.file import JournalLost
+from queue_server.journal.reconcile import reconcile
+from queue_server.journal.records import AlphaChange, MixtureChange
+
+if TYPE_CHECKING:
+    from queue_server.split.queue import SplitQueue
+
+log = logging.getLogger("queue_server.split")
+
+
+async def restore(queue: SplitQueue) -> None:
+    """Reconcile the directory with the journal (in a thread), then carry its state on.
+
+    A missing journal beside files it accounts for (JournalLost) is recorded as the split's
+    journal error and raised: nothing is served from a directory no journal explains."""
+    where, schedule, served = queue.where, queue.schedule, queue.served
+    try:
+        summary = await asyncio.to_thread(
+            reconcile, queue.dir, queue.quarantine, queue.journal, queue.state
+        )
+    except JournalLost as exc:
+        queue.state.journal_error = str(exc)
+        log.error("%s: %s", where, exc)
+        raise
+    queue.reconciled = True
+    keeper = queue.keeper
+    facts = keeper.facts
+    facts.world_size, facts.last_consumed = summary.world_size, dict(summary.last_consumed)
+    facts.alpha_changes, facts.records = list(summary.alpha_changes), summary.records
+    if keeper.compact_records and summary.records >= keeper.compact_records:
+        try:
+            await asyncio.to_thread(keeper.compact_now)
+        except OSError as exc:  # a long journal still replays: serve, compact later
+            log.warning("%s: journal compaction at start failed: %s", where, exc)
+    journaled = summary.world_size if summary.consumed_count else None
+    if served.all:  # the clients' world size, as the journal last saw it
+        schedule.world_size = journaled or served.world_size or 1
+        schedule.last_consumed = dict(summary.last_consumed)
+    elif journaled == served.world_size:  # a fixed world: positions in another lapse
+        schedule.last_consumed = dict(summary.last_consumed)
+    changes = summary.alpha_changes
+    queue.alpha_overrides = [(c.at, c.alpha) for c in changes if isinstance(c, AlphaChange)]
+    queue.mixture_changes = [(c.at, c.weights) for c in changes if isinstance(c, MixtureChange)]
+    queue.production.resume(summary.last_forward)
+
+
+class StartGate:
+    """Whether a split may hand out files yet, and whether its workers were started."""
+
+    def __init__(self, gated: bool, on_first_acquire: Callable[[], None]) -> None:
+        # Set once the dataset may hand out this split's files (its inputs were checked);
+        # `gated` leaves it to the dataset, else it is set from the start. Acquire waits on it.
+        self.allowed = asyncio.Event()
+        if not gated:
+            self.allowed.set()
+        self._on_first_acquire: Callable[[], None] | None = on_first_acquire
+        self.production_started = False
+
+    @property
+    def passed(self) -> bool:
+        """Serving is allowed and the first acquire was announced: acquire goes straight on."""
+        return self.allowed.is_set() and self._on_first_acquire is None
+
+    def first_acquire(self) -> None:
+        """Announce the first acquire, once: a lazy split's production starts then."""
+        first, self._on_first_acquire = self._on_first_acquire, None
+        if first is not None:
+            first()
