@@ -264,7 +264,7 @@ def test_a_killed_worker_a_sigkill_and_a_resume_at_world_size_1_continue_every_s
     """2 ranks read; a worker is killed (restarted from its journaled state); they checkpoint
     mid-file and read on (lost work); the server is SIGKILLed; 1 rank resumes from the 2
     states on a restarted server. Every source's rows over the whole run are exactly its own
-    stream's prefix."""
+    stream's prefix, and each epoch start is logged once, files made again and all."""
     corpora = write_corpora(tmp_path)
     root = tmp_path / "root"
     server = start_server(config(corpora), data_root=root)
@@ -286,11 +286,15 @@ def test_a_killed_worker_a_sigkill_and_a_resume_at_world_size_1_continue_every_s
         read_ids(c, 4)  # served, never checkpointed: served again after the resume
         c.close()
     server.kill(signal.SIGKILL)
-    server = start_server(config(corpora), data_root=root)
+    killed, server = server, start_server(config(corpora), data_root=root)
     with QueueClient(server.address, "mix", rank=0, world_size=1) as resumed:
         resumed.load_state_dict(states)
         kept += read_ids(resumed, 30)
     seen = check_rows(kept, own)
+    # Each epoch start is logged once, by both servers' workers together.
+    logs = killed.log() + server.log()
+    lines = [x for x in logs.splitlines() if "starts epoch" in x]
+    assert lines and len({x.split(": source ")[1] for x in lines}) == len(lines), lines
     # The rows served are a prefix of the split's rows, up to the files still being read.
     end = max(seen) + 1
     missing = sorted(set(range(end)) - set(seen))

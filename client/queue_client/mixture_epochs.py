@@ -20,14 +20,17 @@ from queue_client.layout import DatasetLayout, fsync_dir, mixture_epoch_start_of
 
 def record_epoch_start(
     layout: DatasetLayout, split: str, source: str, epoch: int, row: int
-) -> None:
-    """Source `source`'s row `row` starts its epoch `epoch` (an empty file by that name)."""
+) -> bool:
+    """Source `source`'s row `row` starts its epoch `epoch` (an empty file by that name);
+    False when it was recorded already (the file made again, or by another worker)."""
     path = layout.mixture_epoch_start_file(split, source, epoch, row)
-    if path.exists():
-        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
     fsync_dir(path.parent)
+    return True
 
 
 def read_epoch_starts(directory: Path) -> dict[str, dict[int, int]]:

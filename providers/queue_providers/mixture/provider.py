@@ -209,10 +209,18 @@ class MixtureProvider(DataProviderBase):
         return encode_batch_file(seq=seq, tensors=stored, metadata=metadata, version=version)
 
     def _epochs_reached(self, split: str, seq: int, source: int, start: int, stop: int) -> None:
-        """Log and record each epoch that source's rows [start, stop) start (this file holds
-        them, so no other worker's file does)."""
+        """Record, and log the first time, each epoch that source's rows [start, stop) start
+        (this file holds them, so no other worker's file does; made again, it finds the
+        record and says nothing)."""
         rows = self._rows[source]
         for row, epoch in rows.epoch_starts(split, start, stop):
+            try:
+                if not record_epoch_start(self.context.layout, split, rows.name, epoch, row):
+                    continue
+            except OSError as exc:  # stats only: the file itself is fine
+                log.warning(
+                    "dataset %s: cannot record an epoch start: %s", self.context.dataset_name, exc
+                )
             log.info(
                 "dataset %s split %s: source %s starts epoch %d (its row %d, in file seq %d)",
                 self.context.dataset_name,
@@ -222,9 +230,3 @@ class MixtureProvider(DataProviderBase):
                 row,
                 seq,
             )
-            try:
-                record_epoch_start(self.context.layout, split, rows.name, epoch, row)
-            except OSError as exc:  # stats only: the file itself is fine
-                log.warning(
-                    "dataset %s: cannot record an epoch start: %s", self.context.dataset_name, exc
-                )
