@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ServerFactory, wait_until
+from conftest import SUPPORT, ServerFactory, wait_until
 from queue_client import QueueClient
 from queue_client.batchfile import load_batch_bytes
 from queue_client.cli import main as cli_main
@@ -177,6 +177,14 @@ def read_ids(client: QueueClient, n: int) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def support_importable() -> Iterator[None]:
+    """The stand-in provider (tests/support) is made in this process too, by its name."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(SUPPORT))
+        yield
 
 
 @pytest.fixture(scope="module")

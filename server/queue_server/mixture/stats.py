@@ -13,6 +13,7 @@ schedule the workers compose with, read in closed form: no simulation from row 0
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,17 @@ class MixtureView:
         )
         self.epochs_dir = epochs_dir
         self._cache = ScheduleCache(4)
+        self._prepare_lock = threading.Lock()
+        self._epoch_starts: dict[str, Any] = {}  # as last listed by prepare()
+
+    def prepare(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> None:
+        """stats()'s CPU and I/O ahead of it, in a thread (the event loop runs none): the
+        simulation of any new weight segment, and the listing of the epoch records. stats()
+        then only reads what this kept."""
+        with self._prepare_lock:
+            self._cache.get(self.plan.segments(self.plan.by_name(changes)))
+            if self.epochs_dir is not None and any(self.ordered_epochs):
+                self._epoch_starts = read_epoch_starts(self.epochs_dir)
 
     def epochs(self, source: int, rows: int) -> float | None:
         """Epochs of a source's own data in its first `rows` rows (see the module doc)."""
@@ -64,9 +76,8 @@ class MixtureView:
         if tokens:
             return rows * self.tokens_per_row / tokens
         if self.ordered_epochs[source]:
-            # A listing of a folder of one empty file per epoch: cheap, and always current.
-            starts = read_epoch_starts(self.epochs_dir) if self.epochs_dir else {}
-            return float(epoch_at(starts.get(self.names[source], {}), rows))
+            # The folder of one empty file per epoch, as prepare() last listed it.
+            return float(epoch_at(self._epoch_starts.get(self.names[source], {}), rows))
         return None
 
     def history(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> list[dict]:

@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from queue_server.config.server import parse_listen
 from queue_server.mixture.proto import add_mixture_metrics, mixture_families
 from queue_server.process_memory import rss_of
+from queue_server.split.stats import prepare_stats
 from queue_server.split.training_units import SplitUnits, split_units
 
 if TYPE_CHECKING:
@@ -72,6 +73,12 @@ class QueueCollector:
                 runtime.meta, split, c.batch_size, c.batches_per_file
             )
         return units.tokens_per_file
+
+    async def prepare(self) -> None:
+        """What collect() would compute on the event loop, first in a thread (split/stats.py)."""
+        for runtime in list(self._datasets.values()):
+            for queue in list(runtime.splits.values()):
+                await prepare_stats(queue)
 
     def collect(self) -> Iterator[Metric]:
         labels = ["dataset", "split"]
@@ -286,6 +293,7 @@ class MetricsServer:
                 )
             elif path == "/metrics":
                 self.collector.rss = await asyncio.to_thread(rss_of, self.collector.worker_pids())
+                await self.collector.prepare()
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
             elif path == "/healthz":
                 status, ctype, body = "200 OK", "text/plain", b"SERVING\n"

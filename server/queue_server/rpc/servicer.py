@@ -30,7 +30,7 @@ from queue_server.rpc.request_decoding import UndecodableRequest
 from queue_server.rpc.stats_proto import split_stats_proto
 from queue_server.split.leases import LeaseDirectory
 from queue_server.split.queue import SplitQueue
-from queue_server.split.stats import training_view
+from queue_server.split.stats import prepare_stats, training_view
 from queue_server.split.throughput import Throughput
 from queue_server.split.training_units import SplitUnits, split_units
 
@@ -153,6 +153,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         names = sorted(runtime.splits)
         for name in names:
             await self._throughput(runtime, name).load()
+            await prepare_stats(runtime.splits[name])
         # One moment of every split: no await between the snapshots and the rates.
         snaps = {name: runtime.splits[name].snapshot() for name in names}
         rates = {name: self._throughput(runtime, name).rate() for name in names}

@@ -6,6 +6,7 @@ files and a consumption rate into training terms (tokens/s, batches/s, epochs, E
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -153,6 +154,13 @@ def training_view(
         epochs=epochs,
         epoch_eta_s=eta,
     )
+
+
+async def prepare_stats(queue: SplitQueue) -> None:
+    """What a snapshot would otherwise compute on the event loop, done in a thread first (a
+    mixture's schedule simulation after a weight change, its epoch records' listing)."""
+    if queue.mixture_view is not None:
+        await asyncio.to_thread(queue.mixture_view.prepare, list(queue.mixture_changes))
 
 
 def mixture_stats(queue: SplitQueue) -> dict | None:
