@@ -1,9 +1,10 @@
-"""The `queue-server` command's entry point: what must be set before gRPC is imported, then
-cli.main (which imports the server, and with it gRPC)."""
+"""The `queue-server` command's entry point: what must be set before gRPC is imported, the
+forkserver's start, then cli.main (which imports the server, and with it gRPC)."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -11,6 +12,14 @@ def main(argv: list[str] | None = None) -> int:
     # instance). gRPC's fork handlers only log noise for that ("skipping fork() handlers"), and
     # gRPC reads this once, when it is first imported.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] != ["reset"] and not {"-h", "--help"} & set(args):
+        # The workers' forkserver imports torch (about a second of CPU): started first, it
+        # runs beside the server's own imports and start, and the first file is made that
+        # much sooner. It ends by itself when this process does, whatever happens next.
+        from queue_server.production.worker_process import start_forkserver
+
+        start_forkserver()
     from queue_server.cli import main as cli_main
 
     return cli_main(argv)
