@@ -294,7 +294,10 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         request_bounds.check_release(request)
         queue = self._leases.owner_of(request.lease_id)
         queue.release(
-            request.lease_id, request.client_id, int(request.outcome), request.reason[: request_bounds.REASON_CHARS]
+            request.lease_id,
+            request.client_id,
+            int(request.outcome),
+            request.reason[: request_bounds.REASON_CHARS],
         )
         if request.outcome == pb.CONSUMED:
             rates = self._throughput(self._datasets[queue.config.name], queue.split)
