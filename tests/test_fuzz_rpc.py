@@ -515,6 +515,65 @@ def test_undecodable_request_bytes_are_invalid_argument(
     assert request_type in details, details
 
 
+# The standard services' methods: (path, request streamed, reply streamed, request type).
+STANDARD_METHODS = [
+    ("/grpc.health.v1.Health/Check", False, False, "grpc.health.v1.HealthCheckRequest"),
+    ("/grpc.health.v1.Health/List", False, False, "grpc.health.v1.HealthListRequest"),
+    ("/grpc.health.v1.Health/Watch", False, True, "grpc.health.v1.HealthCheckRequest"),
+    (
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        True,
+        True,
+        "grpc.reflection.v1alpha.ServerReflectionRequest",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "streams_in", "streams_out", "request_type"),
+    STANDARD_METHODS,
+    ids=[m[0].rpartition("/")[2] for m in STANDARD_METHODS],
+)
+def test_undecodable_bytes_to_health_and_reflection_are_invalid_argument_naming_the_method(
+    fuzz_server: ServerProcess, method: str, streams_in: bool, streams_out: bool, request_type: str
+) -> None:
+    """The standard services answer bytes that are no request as BatchQueue's own do
+    (INVALID_ARGUMENT, not UNKNOWN with a Python exception's words), naming the method and
+    the message type; the server stays up (checked after each test)."""
+    channel = fuzz_server.channel
+    make = {
+        (False, False): channel.unary_unary,
+        (False, True): channel.unary_stream,
+        (True, True): channel.stream_stream,
+    }[(streams_in, streams_out)]
+    raw = make(method, request_serializer=None, response_deserializer=None)
+    with pytest.raises(grpc.RpcError) as err:
+        reply = raw(iter([b"\xff\xff"]) if streams_in else b"\xff\xff", timeout=30)
+        if streams_out:
+            list(reply)
+    details = err.value.details() or ""
+    assert err.value.code() == Code.INVALID_ARGUMENT, details
+    assert details.startswith(f"InvalidRequest: the request (2 bytes) to {method} "), details
+    assert request_type in details, details
+
+
+def test_health_and_reflection_still_answer_valid_requests(fuzz_server: ServerProcess) -> None:
+    """Through the same guard: Watch streams the status, reflection lists the services."""
+    from grpc_health.v1 import health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    watch = health_pb2_grpc.HealthStub(fuzz_server.channel).Watch(
+        health_pb2.HealthCheckRequest(service=""), timeout=30
+    )
+    assert next(iter(watch)).status == SERVING
+    watch.cancel()
+    replies = reflection_pb2_grpc.ServerReflectionStub(fuzz_server.channel).ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=30
+    )
+    names = [s.name for r in replies for s in r.list_services_response.service]
+    assert "batchqueue.v1.BatchQueue" in names and "grpc.health.v1.Health" in names
+
+
 def test_a_16_kib_client_id_is_invalid_argument_saying_its_length(
     fuzz_server: ServerProcess,
 ) -> None:
