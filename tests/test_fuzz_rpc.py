@@ -415,10 +415,15 @@ def test_a_held_lease_resists_other_clients_and_bad_outcomes(
     )
     assert release(fuzz_server, lease.lease_id, thief, pb.CONSUMED)[0] in refused
     assert (fuzz_server.data_root / lease.path).is_file()
-    renewed = fuzz_server.stub.RenewLeases(
-        pb.RenewLeasesRequest(client_id=thief, lease_ids=[lease.lease_id]), timeout=30
+    code, renewed = call(
+        fuzz_server,
+        "RenewLeases",
+        pb.RenewLeasesRequest(client_id=thief, lease_ids=[lease.lease_id]),
     )
-    assert list(renewed.lost_lease_ids) == [lease.lease_id]  # not the thief's to renew
+    if len(thief) > 128:
+        assert code == Code.INVALID_ARGUMENT, renewed
+    else:  # not the thief's to renew
+        assert code == Code.OK and list(renewed.lost_lease_ids) == [lease.lease_id]
     valid = outcome in (pb.CONSUMED, pb.RETURNED, pb.CORRUPT)
     first = release(fuzz_server, lease.lease_id, owner, outcome, reason)[0]
     assert first == (Code.OK if valid else Code.INVALID_ARGUMENT)
@@ -432,10 +437,14 @@ def test_a_held_lease_resists_other_clients_and_bad_outcomes(
 def test_renew_reports_every_unknown_lease_as_lost(
     fuzz_server: ServerProcess, client_id: str, lease_ids: list[str]
 ) -> None:
-    """RenewLeases never fails on strange ids: each one it does not hold comes back lost."""
+    """RenewLeases never fails on strange ids: each one it does not hold comes back lost; an
+    id over 128 characters, which no lease or client has, is INVALID_ARGUMENT."""
     code, reply = call(
         fuzz_server, "RenewLeases", pb.RenewLeasesRequest(client_id=client_id, lease_ids=lease_ids)
     )
+    if len(client_id) > 128 or any(len(lease_id) > 128 for lease_id in lease_ids):
+        assert code == Code.INVALID_ARGUMENT, reply
+        return
     assert code == Code.OK
     assert list(reply.lost_lease_ids) == lease_ids and reply.ttl_ms == 300_000
 
@@ -506,6 +515,65 @@ def test_undecodable_request_bytes_are_invalid_argument(
     assert request_type in details, details
 
 
+# The standard services' methods: (path, request streamed, reply streamed, request type).
+STANDARD_METHODS = [
+    ("/grpc.health.v1.Health/Check", False, False, "grpc.health.v1.HealthCheckRequest"),
+    ("/grpc.health.v1.Health/List", False, False, "grpc.health.v1.HealthListRequest"),
+    ("/grpc.health.v1.Health/Watch", False, True, "grpc.health.v1.HealthCheckRequest"),
+    (
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        True,
+        True,
+        "grpc.reflection.v1alpha.ServerReflectionRequest",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "streams_in", "streams_out", "request_type"),
+    STANDARD_METHODS,
+    ids=[m[0].rpartition("/")[2] for m in STANDARD_METHODS],
+)
+def test_undecodable_bytes_to_health_and_reflection_are_invalid_argument_naming_the_method(
+    fuzz_server: ServerProcess, method: str, streams_in: bool, streams_out: bool, request_type: str
+) -> None:
+    """The standard services answer bytes that are no request as BatchQueue's own do
+    (INVALID_ARGUMENT, not UNKNOWN with a Python exception's words), naming the method and
+    the message type; the server stays up (checked after each test)."""
+    channel = fuzz_server.channel
+    make = {
+        (False, False): channel.unary_unary,
+        (False, True): channel.unary_stream,
+        (True, True): channel.stream_stream,
+    }[(streams_in, streams_out)]
+    raw = make(method, request_serializer=None, response_deserializer=None)
+    with pytest.raises(grpc.RpcError) as err:
+        reply = raw(iter([b"\xff\xff"]) if streams_in else b"\xff\xff", timeout=30)
+        if streams_out:
+            list(reply)
+    details = err.value.details() or ""
+    assert err.value.code() == Code.INVALID_ARGUMENT, details
+    assert details.startswith(f"InvalidRequest: the request (2 bytes) to {method} "), details
+    assert request_type in details, details
+
+
+def test_health_and_reflection_still_answer_valid_requests(fuzz_server: ServerProcess) -> None:
+    """Through the same guard: Watch streams the status, reflection lists the services."""
+    from grpc_health.v1 import health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    watch = health_pb2_grpc.HealthStub(fuzz_server.channel).Watch(
+        health_pb2.HealthCheckRequest(service=""), timeout=30
+    )
+    assert next(iter(watch)).status == SERVING
+    watch.cancel()
+    replies = reflection_pb2_grpc.ServerReflectionStub(fuzz_server.channel).ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=30
+    )
+    names = [s.name for r in replies for s in r.list_services_response.service]
+    assert "batchqueue.v1.BatchQueue" in names and "grpc.health.v1.Health" in names
+
+
 def test_a_16_kib_client_id_is_invalid_argument_saying_its_length(
     fuzz_server: ServerProcess,
 ) -> None:
@@ -532,6 +600,50 @@ def test_a_16_kib_client_id_is_invalid_argument_saying_its_length(
         assert "16384 characters" in err.value.details() and "128" in err.value.details()
     finally:
         assert release(fuzz_server, lease.lease_id, "owner")[0] == Code.OK
+
+
+def string_fields() -> Iterator[tuple[str, str]]:
+    """(method, field) for every string field of every BatchQueue request that has a bound
+    (each of a repeated one, each key of a map)."""
+    for method in pb.DESCRIPTOR.services_by_name["BatchQueue"].methods:
+        for field in method.input_type.fields:
+            entry = field.message_type
+            keyed = entry is not None and entry.GetOptions().map_entry
+            if (field.type == field.TYPE_STRING or keyed) and field.name != "reason":
+                yield method.name, field.name
+
+
+@pytest.mark.parametrize(
+    ("method", "field"), [pytest.param(m, f, id=f"{m}.{f}") for m, f in string_fields()]
+)
+def test_a_16_kib_string_in_any_field_of_any_rpc_is_invalid_argument_saying_its_length(
+    fuzz_server: ServerProcess, method: str, field: str
+) -> None:
+    """Every string field of every RPC (client_id, lease ids, dataset and split names, source
+    names) is bounded alike: 16 KiB in it, every other field valid, is INVALID_ARGUMENT naming
+    the field and its length, never quoting it. (RenewLeases once took a 16 KiB client_id.)"""
+    huge = "z" * 16_384
+    service = pb.DESCRIPTOR.services_by_name["BatchQueue"].methods_by_name[method]
+    request = getattr(pb, service.input_type.name)()
+    valid = {"dataset": "d", "split": "train", "client_id": "c", "lease_id": "x"}
+    for name, value in valid.items():
+        if name in service.input_type.fields_by_name:
+            setattr(request, name, value)
+    target = getattr(request, field)
+    if field == "weights":
+        target[huge] = 1.0
+    elif field == "lease_ids":
+        target.extend(["x", huge])
+    else:
+        setattr(request, field, huge)
+    with pytest.raises(grpc.RpcError) as err:
+        reply = getattr(fuzz_server.stub, method)(request, timeout=30)
+        if service.server_streaming:
+            list(reply)
+    details = err.value.details() or ""
+    assert err.value.code() == Code.INVALID_ARGUMENT, details
+    assert field in details and "16384 characters" in details, details
+    assert "z" * 200 not in details and len(details) < 1024, details
 
 
 def test_a_rank_at_its_lease_window_is_told_its_own_leases_hold_it(start_server) -> None:

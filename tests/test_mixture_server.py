@@ -342,7 +342,9 @@ def test_set_mixture_errors_name_what_is_wrong(shared) -> None:
             client.set_mixture({"web": 0.0, "code": 0})
         with pytest.raises(InvalidRequest, match="not a number"):
             client.set_mixture({"web": "much"})  # type: ignore[dict-item]
-        with pytest.raises(InvalidRequest, match="longer than 64 characters"):
+        with pytest.raises(
+            InvalidRequest, match="a source name in weights is 100 characters long; at most 64"
+        ):
             client.set_mixture({"web": 1.0, "x" * 100: 1.0})
 
 

@@ -279,3 +279,34 @@ def test_ray_profile_runs_a_head_a_ray_provider_and_a_trainer_without_the_data_v
     assert command[command.index("--transport") + 1] == "grpc"
     assert command[command.index("--address") + 1] == "ray-provider:50051"
     assert command[command.index("--dataset") + 1] == dataset.name
+
+
+def test_ray_profile_runs_with_token_authentication_as_docs_ray_md_says(tmp_path: Path) -> None:
+    """docs/ray.md runs every step with RAY_AUTH_MODE=token: so do the head (and its
+    healthcheck, which runs with its environment) and the server's node, each reading the
+    cluster's token from one compose secret, whose file BATCHQUEUE_RAY_TOKEN_FILE names
+    (default ./ray_auth_token, kept out of git and of the image). The trainer talks to no Ray
+    and gets no token."""
+    token_file = tmp_path / "token"
+    resolved = _resolved({"COMPOSE_PROFILES": "ray", "BATCHQUEUE_RAY_TOKEN_FILE": str(token_file)})
+    services = resolved["services"]
+    for name in ("ray-head", "ray-provider"):
+        service = services[name]
+        (secret,) = service["secrets"]
+        source = secret["source"] if isinstance(secret, dict) else secret
+        assert service["environment"] == {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": f"/run/secrets/{source}",
+        }, name
+        assert Path(resolved["secrets"][source]["file"]) == token_file
+    assert "secrets" not in services["ray-trainer"]
+    assert "RAY_AUTH_TOKEN_PATH" not in services["ray-trainer"].get("environment", {})
+    assert "RAY_AUTH_MODE" not in json.dumps(services["provider"])  # the plain profile: no Ray
+
+    default = _resolved({"COMPOSE_PROFILES": "ray"})["secrets"]["ray_auth_token"]["file"]
+    assert Path(default) == ROOT / "ray_auth_token"
+    for ignore in (".gitignore", ".dockerignore"):
+        assert "ray_auth_token" in (ROOT / ignore).read_text().split(), ignore
+    compose = (ROOT / "docker-compose.yml").read_text()
+    ray_md = (ROOT / "docs" / "ray.md").read_text()
+    assert "secrets.token_hex" in compose and "BATCHQUEUE_RAY_TOKEN_FILE" in ray_md

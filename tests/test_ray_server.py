@@ -167,6 +167,43 @@ def test_the_whole_cluster_gone_and_back_without_a_server_restart(
     assert server.proc.poll() is None  # the same server process throughout
 
 
+@pytest.mark.slow
+def test_a_head_started_again_at_once_is_joined_as_a_new_cluster_without_a_server_restart(
+    ray_head: type[RayHead], start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    """docs/ray.md, "The head started again": killed and started again at the same address
+    at once, so the server may never see the cluster gone, only a head answering with a
+    cluster id of its own. The server drops its connection to the old cluster, joins the new
+    one with new actors (on the new head's node), and serves on from where it was: the same
+    server process throughout, every batch once, in order."""
+    head = ray_head(free_port(), subprocess_env())
+    server = start_server(char_config(corpus, extra=ray_keys(head.address)))
+    rows = read_batches(server, "chars", 2 * BPF, tmp_path / "1.jsonl")
+    old_nodes = {w["node_id"] for w in server.split_stats("chars")["workers"]}
+    assert old_nodes and "" not in old_nodes, old_nodes
+
+    head.kill()
+    head.start()
+
+    def on_the_new_cluster() -> bool:
+        nodes = {w["node_id"] for w in server.split_stats("chars")["workers"]}
+        return bool(nodes) and not nodes & old_nodes
+
+    try:
+        wait_until(on_the_new_cluster, 120, "the train actor on the new cluster's node")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; stats {server.stats('chars')}\n{server.log_tail()}") from None
+    # More files than the backlog held: the new cluster's actor made them.
+    rows += read_batches(
+        server, "chars", 5 * BPF, tmp_path / "2.jsonl", state_of(tmp_path / "1.jsonl")
+    )
+    assert positions(rows) == in_order(7)
+    stats = server.stats("chars")
+    assert (stats["state"], stats["last_error"]) == ("serving", ""), stats
+    audit(server, "chars", consumed_batches={"train": positions(rows)})
+    assert server.proc.poll() is None
+
+
 @pytest.mark.xdist_group("ray")  # a Ray instance of its own: not beside the session's
 def test_a_local_ray_instance_runs_more_actors_than_cores_and_stops_with_the_server(
     start_server: ServerFactory, corpus: Path, tmp_path: Path

@@ -304,3 +304,42 @@ def test_a_resume_state_with_an_impossible_seq_is_refused_by_name(field: str, va
         ValueError, match=rf"{field} is {value}, expected an int in \[0, {MAX_SEQ}\]"
     ):
         plan_resume(state, World(0, 1), "d", fingerprint="f00d", batches_per_file=5)
+
+
+def test_every_string_field_of_every_request_has_a_declared_bound() -> None:
+    """A string field added to a request must get its bound in MAX_CHARS (None: cut, never
+    refused), so that no RPC takes a string of any length."""
+    undeclared = [
+        f"{method.input_type.name}.{field.name}"
+        for method in pb.DESCRIPTOR.services_by_name["BatchQueue"].methods
+        for field in method.input_type.fields
+        if (
+            field.type == field.TYPE_STRING
+            or (field.message_type is not None and field.message_type.GetOptions().map_entry)
+        )
+        and field.name not in request_bounds.MAX_CHARS
+    ]
+    assert not undeclared, f"string fields without a bound in MAX_CHARS: {undeclared}"
+
+
+@pytest.mark.parametrize(
+    ("request_", "named"),
+    [
+        (pb.RenewLeasesRequest(client_id="c" * 129), "client_id is 129 characters long"),
+        (pb.RenewLeasesRequest(client_id="c", lease_ids=["a", "b" * 129]), "lease_ids[1] is 129"),
+        (pb.GetStatsRequest(dataset="d" * 129), "dataset is 129 characters long"),
+        (pb.GetSchemaRequest(dataset="d", split="s" * 65), "split is 65 characters long"),
+        (pb.SetMixtureRequest(weights={"w" * 65: 1.0}), "a source name in weights is 65"),
+    ],
+)
+def test_strings_over_their_bound_are_refused_by_length(request_: Any, named: str) -> None:
+    with pytest.raises(errors.InvalidRequest) as info:
+        request_bounds.check_strings(request_)
+    assert str(info.value).startswith(named), info.value
+
+
+def test_strings_at_their_bound_and_any_reason_pass() -> None:
+    request_bounds.check_strings(
+        pb.ReleaseLeaseRequest(lease_id="l" * 128, client_id="c" * 128, reason="r" * 100_000)
+    )
+    request_bounds.check_strings(pb.SetMixtureRequest(dataset="d" * 128, weights={"w" * 64: 1}))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from queue_client.errors import ConfigError
 from queue_client.layout import atomic_write, root_id_file
@@ -40,7 +40,7 @@ from queue_server.root_lock import DataRootLock
 from queue_server.rpc.auth import TokenInterceptor
 from queue_server.rpc.fetch_streams import FetchStreams
 from queue_server.rpc.metrics import MetricsServer
-from queue_server.rpc.request_decoding import add_servicer
+from queue_server.rpc.request_decoding import DecodingGuard, add_servicer
 from queue_server.rpc.servicer import BatchQueueServicer
 from queue_server.split.leases import LeaseDirectory
 from queue_server.split.queue import SplitQueue
@@ -200,14 +200,19 @@ class QueueServer:
             streams=self.streams,
         )
         add_servicer(servicer, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
+        # The standard services through DecodingGuard, so that bytes that are no request
+        # are INVALID_ARGUMENT there too (rpc/request_decoding.py).
+        guard = DecodingGuard(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, guard)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(
+                (
+                    SERVICE_NAME,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                )
             ),
-            server,
+            guard,
         )
         if listen.unix_path:
             await asyncio.to_thread(claim_socket_path, listen.unix_path)

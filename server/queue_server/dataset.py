@@ -80,6 +80,9 @@ class DatasetRuntime:
         # Inputs check and worker starts that run after SERVING; their failure fails it.
         self._starting: list[asyncio.Task[None]] = []
         self._inputs_checked = False
+        # inputs.json's records once they are known to match meta: each worker started after
+        # checks its own provider's inputs against them (provider_init.check_own_inputs).
+        self.input_records: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -223,6 +226,7 @@ class DatasetRuntime:
             await asyncio.to_thread(atomic_write, self.layout.inputs_file, inputs)
             await asyncio.to_thread(dump_meta, meta_path, meta)
             self._inputs_checked = True  # just described by the builder
+            self.input_records = dict(reply.get("inputs", {}))
         self.meta = meta
         self.meta_json = await asyncio.to_thread(meta_to_json, meta)  # CPU work: off the loop
         self.client_meta_json = self.meta_json
@@ -290,6 +294,7 @@ class DatasetRuntime:
             )
         finally:
             await checker.stop()
+        self.input_records = recorded
 
     def fail(self, message: str) -> None:
         if self.state == FAILED:

@@ -34,6 +34,9 @@ def worker(rt: DatasetRuntime, split: str, index: int, histogram_field: str = ""
         },
         "histogram_field": histogram_field,
     }
+    fingerprint = rt.meta.get("inputs_fingerprint")
+    if rt.input_records and isinstance(fingerprint, str):
+        init["inputs"] = {"records": rt.input_records, "fingerprint": fingerprint}
     return WorkerProcess(f"{rt.config.name}/{split} worker {index}", init, rt.server.config_dir)
 
 

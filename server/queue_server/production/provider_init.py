@@ -1,5 +1,6 @@
 """A provider from a worker's init request: the same for a worker process (worker_main.py)
-and a Ray actor (ray_actor.py), so both make the same provider, and so the same bytes."""
+and a Ray actor (ray_actor.py), so both make the same provider, and so the same bytes, from
+the inputs the dataset was built from (check_own_inputs)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_providers import DataProviderBase, ProviderContext, create
+from queue_providers.inputs import check_inputs
 
 
 def provider_context(init: Mapping[str, Any]) -> ProviderContext:
@@ -30,6 +32,19 @@ def provider_context(init: Mapping[str, Any]) -> ProviderContext:
 def build_provider(init: Mapping[str, Any]) -> DataProviderBase:
     """The provider an init request names, with its args."""
     return create(init["provider"], provider_context(init), init.get("args", {}))
+
+
+def check_own_inputs(provider: DataProviderBase, init: Mapping[str, Any]) -> None:
+    """ConfigError naming the input when what this provider listed (an object's version at a
+    URL, a file's size and sha256) is not what the dataset was built from: init["inputs"]
+    holds inputs.json's records and meta's fingerprint once meta exists. A worker started or
+    restarted after an object was rewritten would otherwise list the new version, and read
+    it whole, while inputs.json records the old one."""
+    built = init.get("inputs")
+    if built:
+        check_inputs(
+            provider.input_files(), built["records"], built["fingerprint"], dataset=init["dataset"]
+        )
 
 
 def set_weight_changes(provider: DataProviderBase, split: str, changes: Any) -> None:

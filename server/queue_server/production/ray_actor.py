@@ -23,7 +23,11 @@ from typing import Any
 
 from queue_client.meta import meta_from_json
 from queue_providers import DataProviderBase
-from queue_server.production.provider_init import build_provider, set_weight_changes
+from queue_server.production.provider_init import (
+    build_provider,
+    check_own_inputs,
+    set_weight_changes,
+)
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ class ProviderActor:
             os.chdir(self._cwd)  # relative paths in provider args are relative to the config
             provider = build_provider(self._init)
             provider.on_start()
+            check_own_inputs(provider, self._init)
             provider.set_meta(meta_from_json(self._meta_json))
             self._provider = provider
         return self._provider

@@ -48,7 +48,11 @@ from queue_providers import DataProviderBase
 from queue_providers.inputs import check_inputs, describe_inputs
 from queue_server.logs import configure_logging
 from queue_server.production.preparation import Preparation, input_bytes
-from queue_server.production.provider_init import build_provider, set_weight_changes
+from queue_server.production.provider_init import (
+    build_provider,
+    check_own_inputs,
+    set_weight_changes,
+)
 from queue_server.production.replies import produced_reply
 
 # Last of the forkserver's preload: the objects imported so far go to the collector's
@@ -164,6 +168,7 @@ class WorkerSession:
             ):
                 provider = build_provider(req)
                 provider.on_start()
+                check_own_inputs(provider, req)
             self.provider = provider
             stateful = provider.streams
             return {"ok": True, "stateful": stateful}

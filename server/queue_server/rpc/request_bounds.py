@@ -1,4 +1,4 @@
-"""Bounds on every number of every request, checked at the servicer's edge.
+"""Bounds on every number and every string of every request, checked at the servicer's edge.
 
 Why here: a request is checked before anything is journaled or changes state. A seq near
 2**63 once made every later reply overflow int64 (the rank's next seq is seq + world_size),
@@ -14,9 +14,11 @@ system can hold:
 - waited_s: a finite duration in [0, one day] (it feeds the wait histogram);
 - alpha: a finite number in [0, 1];
 - lease_ids: at most MAX_LEASE_IDS in one RenewLeases call;
-- client_id: at most MAX_ID_LENGTH characters where a message may name it (AcquireLease,
-  ReleaseLease, FetchFile), so that no error ever quotes a long one back (a 16 KiB id once
-  broke gRPC's metadata limit and came back RESOURCE_EXHAUSTED).
+- every string field of every request (client_id, lease_id, each of lease_ids, dataset,
+  split, each source name in SetMixture's weights): at most MAX_CHARS[field] characters,
+  checked by check_strings for every RPC alike, refused naming the field and its length and
+  never quoting it, so that no error ever quotes a long one back (a 16 KiB client_id once
+  broke gRPC's metadata limit and came back RESOURCE_EXHAUSTED, and RenewLeases took one).
 
 Ids are checked where they are looked up (an id nobody holds is NOT_FOUND, or lost in a
 renewal), and ReleaseLease's outcome where the lease is (split/leases.py), before anything changes.
@@ -27,6 +29,8 @@ allowed range.
 from __future__ import annotations
 
 import math
+
+from google.protobuf.message import Message
 
 from queue_client.batchfile import MAX_SEQ
 from queue_client.errors import InvalidRequest
@@ -39,19 +43,40 @@ MAX_LEASE_IDS = 10_000
 MAX_WAITED_S = 24 * 3600.0
 
 __all__ = [
+    "MAX_CHARS",
     "MAX_LEASE_IDS",
     "MAX_SEQ",
     "MAX_WAITED_S",
     "MAX_WAIT_MS",
     "MAX_WORLD_SIZE",
     "check_acquire",
-    "check_client_id",
-    "check_fetch",
     "check_int",
     "check_release",
     "check_renew",
     "check_set_curriculum",
+    "check_set_mixture",
+    "check_strings",
 ]
+
+# Sources of one mixture, and the length of a source name (mixture/config.py).
+MAX_MIXTURE_SOURCES = 255
+MAX_SOURCE_NAME = 64
+
+# The most characters of each string field of a BatchQueue request, by the field's name
+# (tests/test_request_bounds.py checks that every one is here). The names' own rules
+# (layout.check_dataset_name, check_split_name) come after, with the same limits. reason is
+# None: cut to REASON_CHARS, never refused, so that a report of a corrupt file is not lost
+# for its length.
+MAX_CHARS: dict[str, int | None] = {
+    "client_id": MAX_ID_LENGTH,
+    "dataset": 128,
+    "lease_id": MAX_ID_LENGTH,
+    "lease_ids": MAX_ID_LENGTH,
+    "reason": None,
+    "split": 64,
+    "weights": MAX_SOURCE_NAME,  # the map's keys: source names
+}
+REASON_CHARS = 2000
 
 
 def check_int(field: str, value: int, low: int, high: int, note: str = "") -> int:
@@ -69,18 +94,33 @@ def check_unit_interval(field: str, value: float) -> float:
     return value
 
 
-def check_client_id(client_id: str) -> None:
-    """Its length only (an empty id is refused where it matters), never quoting it."""
-    if len(client_id) > MAX_ID_LENGTH:
-        raise InvalidRequest(
-            f"client_id is {len(client_id)} characters long; the allowed length is "
-            f"[1, {MAX_ID_LENGTH}]"
-        )
+def check_strings(request: Message) -> None:
+    """Every string the request holds, by its length only (an empty one is refused where it
+    matters), never quoting it: the first one over MAX_CHARS is InvalidRequest naming the
+    field (lease_ids[3], a source name in weights) and its length."""
+    for field, value in request.ListFields():
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            if entry.fields_by_name["key"].type != field.TYPE_STRING:
+                continue
+            texts = [(f"a source name in {field.name}", key) for key in value]
+        elif field.type == field.TYPE_STRING:
+            if isinstance(value, str):
+                texts = [(field.name, value)]
+            else:
+                texts = [(f"{field.name}[{i}]", text) for i, text in enumerate(value)]
+        else:
+            continue
+        limit = MAX_CHARS.get(field.name, MAX_ID_LENGTH)
+        for what, text in texts:
+            if limit is not None and len(text) > limit:
+                raise InvalidRequest(
+                    f"{what} is {len(text)} characters long; at most {limit} are allowed"
+                )
 
 
 def check_acquire(request: pb.AcquireLeaseRequest) -> None:
-    """AcquireLease: client_id's length, wait_ms, world_size (0 means 1), rank, seq."""
-    check_client_id(request.client_id)
+    """AcquireLease: wait_ms, world_size (0 means 1), rank, seq."""
     check_int("wait_ms", request.wait_ms, 0, MAX_WAIT_MS, " (0 means the server's default)")
     check_int("world_size", request.world_size, 0, MAX_WORLD_SIZE, " (0 means 1)")
     world_size = request.world_size or 1
@@ -90,9 +130,7 @@ def check_acquire(request: pb.AcquireLeaseRequest) -> None:
 
 
 def check_release(request: pb.ReleaseLeaseRequest) -> None:
-    """ReleaseLease: client_id's length, waited_s (the outcome is checked with the lease, in
-    split/leases.py)."""
-    check_client_id(request.client_id)
+    """ReleaseLease: waited_s (the outcome is checked with the lease, in split/leases.py)."""
     waited = request.waited_s
     if not (math.isfinite(waited) and 0.0 <= waited <= MAX_WAITED_S):
         raise InvalidRequest(
@@ -100,13 +138,8 @@ def check_release(request: pb.ReleaseLeaseRequest) -> None:
         )
 
 
-def check_fetch(request: pb.FetchFileRequest) -> None:
-    """FetchFile: client_id's length (max_chunk_bytes in file_stream.chunk_size)."""
-    check_client_id(request.client_id)
-
-
 def check_renew(request: pb.RenewLeasesRequest) -> None:
-    """RenewLeases: at most MAX_LEASE_IDS ids (each unknown or malformed one comes back lost)."""
+    """RenewLeases: at most MAX_LEASE_IDS ids (each unknown or empty one comes back lost)."""
     count = len(request.lease_ids)
     if count > MAX_LEASE_IDS:
         raise InvalidRequest(
@@ -123,13 +156,9 @@ def check_set_curriculum(request: pb.SetCurriculumRequest) -> None:
         check_unit_interval("alpha", request.alpha)
 
 
-# Sources of one mixture, and the length of a source name (mixture/config.py).
-MAX_MIXTURE_SOURCES = 255
-MAX_SOURCE_NAME = 64
-
-
 def check_set_mixture(request: pb.SetMixtureRequest) -> None:
-    """SetMixture: rank, position_seq, the number and names of the weights, reset."""
+    """SetMixture: rank, position_seq, the number of the weights, reset (the names' lengths
+    in check_strings)."""
     check_int("rank", request.rank, 0, MAX_WORLD_SIZE - 1)
     if request.HasField("position_seq"):
         check_int("position_seq", request.position_seq, 0, MAX_SEQ)
@@ -138,8 +167,5 @@ def check_set_mixture(request: pb.SetMixtureRequest) -> None:
             f"{len(request.weights)} weights in one call; a mixture has at most "
             f"{MAX_MIXTURE_SOURCES} sources"
         )
-    long = [name[:80] for name in request.weights if len(name) > MAX_SOURCE_NAME]
-    if long:
-        raise InvalidRequest(f"source name(s) {long} are longer than {MAX_SOURCE_NAME} characters")
     if request.reset and request.weights:
         raise InvalidRequest("reset = true goes back to the config's weights: send no weights")

@@ -45,6 +45,7 @@ def _translate(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T
         try:
             if isinstance(request, UndecodableRequest):
                 raise request.refuse()
+            request_bounds.check_strings(request)
             return await method(self, request, context)
         except errors.BatchQueueError as exc:
             code, message = status_for(exc)
@@ -231,7 +232,10 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         request_bounds.check_release(request)
         queue = self._leases.owner_of(request.lease_id)
         queue.release(
-            request.lease_id, request.client_id, int(request.outcome), request.reason[:2000]
+            request.lease_id,
+            request.client_id,
+            int(request.outcome),
+            request.reason[: request_bounds.REASON_CHARS],
         )
         if request.outcome == pb.CONSUMED:
             rates = self._throughput(self._datasets[queue.config.name], queue.split)
@@ -289,7 +293,6 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     async def FetchFile(self, request: pb.FetchFileRequest, context: Any) -> None:
         """Stream a leased file to its holder (rpc/file_stream.py): disk reads in a thread, one
         chunk ahead, each write waiting for the client, the lease checked before each chunk."""
-        request_bounds.check_fetch(request)
         chunk_bytes = chunk_size(request.max_chunk_bytes)
         queue = self._leases.owner_of(request.lease_id)
         path, size, crc = _leased_file(queue, request.lease_id, request.client_id)
