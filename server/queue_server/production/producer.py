@@ -48,6 +48,11 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPER
 _DISK_BACKOFF_S = (0.2, 5.0)
 
 
+# Errors no restart mends: the config is wrong, or an input changed under the dataset (its
+# files would mix two versions). The split fails at once instead of after every retry.
+PERMANENT_KINDS = frozenset({"ConfigError", "ObjectChanged"})
+
+
 class Production:
     def __init__(
         self,
@@ -238,7 +243,8 @@ class Production:
             if isinstance(exc, ProduceFailed) and exc.errno in DISK_ERRNOS:
                 self._disk_trouble(seq, str(exc))
             else:
-                await self.restarts.failed(slot, f"seq {seq}: {exc}")
+                permanent = isinstance(exc, ProduceFailed) and exc.kind in PERMANENT_KINDS
+                await self.restarts.failed(slot, f"seq {seq}: {exc}", permanent=permanent)
             return
         self.busy.discard(slot)
         if not job.publish and made.name:

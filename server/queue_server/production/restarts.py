@@ -68,14 +68,21 @@ class SlotRestarts:
 
         p.tasks.spawn(restart())
 
-    async def failed(self, slot: int, message: str) -> None:
-        """Count the failure, then fail the split or restart the slot after its backoff."""
+    async def failed(self, slot: int, message: str, permanent: bool = False) -> None:
+        """Count the failure, then fail the split or restart the slot after its backoff. A
+        `permanent` failure (a wrong config, a changed input) fails the split at once."""
         p = self._production
         if p.stopped:
             return
         failures = self._failures[slot] = self._failures.get(slot, 0) + 1
         p.state.last_error = message
         log.error("%s slot %d failed: %s", p.where, slot, message)
+        if permanent:
+            self._on_fatal(
+                f"worker {slot} of split {p.split!r} failed with an error no restart mends: "
+                f"{message}"
+            )
+            return
         if failures > self.max_restarts:
             self._on_fatal(
                 f"worker {slot} of split {p.split!r} failed {failures} times in a row; "
