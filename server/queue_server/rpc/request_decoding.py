@@ -148,6 +148,7 @@ def guarded(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandle
         return grpc.stream_unary_rpc_method_handler(
             _checked_stream(handler.stream_unary), safe, replies
         )
+    assert handler.stream_stream is not None  # the fourth kind: one of them is set
     return grpc.stream_stream_rpc_method_handler(
         _checked_stream(handler.stream_stream), safe, replies
     )
