@@ -159,7 +159,9 @@ def test_a_full_disk_stops_the_split_reports_it_and_it_recovers(small_disk, star
     again = start_server(_config(), data_root=root)
     stats = audit(again, "d", consumed_seqs={"train": consumed})["train"]
     assert stats["seqs_consumed"] == len(consumed) and stats["seqs_missing"] == 0
-    assert _acquire(again).seq == len(consumed)
+    # The restarted server checks its inputs (a worker's start) before it leases: on a busy
+    # machine that takes longer than a plain acquire's wait.
+    assert _acquire(again, wait_ms=25_000).seq == len(consumed)
 
 
 class FaultyJournal(Journal):

@@ -312,16 +312,17 @@ def test_a_clean_stop_leaves_exactly_the_journaled_files(start_server) -> None:
     job, never journaled) is removed by the stop itself, once the workers are gone; every
     journaled file stays. So the next start removes nothing, even one refused for a changed
     input, which must leave the data root as it found it."""
-    from queue_client.batchfile import BatchFileName
+    from queue_client.batchfile import BatchFileName, scan_queue
 
     server = start_server(TINY)
     server.wait_ready_files("d", 2)
     qdir = server.data_root / "d" / "queue" / "train"
-    journaled = sorted(p.name for p in qdir.iterdir())
-    seq = max(p.seq for p in map(BatchFileName.parse, journaled) if p) + 1_000  # not made yet
+    journaled = sorted(str(p) for p in scan_queue(qdir))  # not the temps of files in the making
+    seq = max(BatchFileName.parse(n).seq for n in journaled) + 1_000  # type: ignore[union-attr]
     stray = qdir / str(BatchFileName(1_000, seq, 2))
     stray.write_bytes(b"a batch file no journal record names")
     server.stop()
     left = sorted(p.name for p in qdir.iterdir())
     assert stray.name not in left, left
+    assert not [n for n in left if n.startswith(".tmp")], left  # its workers' temps too
     assert set(journaled) <= set(left), (journaled, left)  # made meanwhile may be more
