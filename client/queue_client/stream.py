@@ -8,7 +8,8 @@ no syscall, no per-sample loop. Zero-copy CPU trainers get views of the file whe
 the served fields, else the rows widened into a batch's own memory; copies (`out=`, copy=True, CUDA) start from the
 stored tensors, narrow token ids and all, and widen them on the way (storage.py).
 Leasing, crc32, loading and paging in all happen in a background thread,
-`prefetch_files` ahead, and cost the file switch nothing: the prefetched file takes over, the
+`prefetch_files` ahead (deeper for a trainer that reads files faster than they are fetched:
+readahead.py), and cost the file switch nothing: the prefetched file takes over, the
 finished one is released in the background, and the prefetch of the one after starts.
 
 With transport "grpc" the background thread streams the file instead of mapping it
@@ -29,11 +30,13 @@ import torch
 from queue_client import errors
 from queue_client.batchfile import load_batch_bytes
 from queue_client.file_map import map_leased, prefault
+from queue_client.readahead import prestart_threads, read_ahead_for
 from queue_client.resume import StreamPlan
 from queue_client.rows import LoadedFile, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
 from queue_client.storage import codec_for
 from queue_client.transfer import Transfer
+from queue_client.widen import AheadWidener
 from queue_client.wire import batchqueue_pb2 as pb
 
 CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
@@ -69,6 +72,8 @@ class StreamView:
     next_file: Literal["none", "loading", "ready"]
     row: int = 0  # the next row's index in that file (offset counts batches of the file's unit)
     rows_in_file: int = 0
+    read_ahead: int = 0  # files the stream keeps leased and loaded ahead (readahead.py)
+    ready_ahead: int = 0  # of those, the ones loaded, in reading order, up to the first not
 
     @property
     def opens_file(self) -> bool:
@@ -139,7 +144,8 @@ class SplitStream:
         # Why a batch must be the file's own (empty: any size, rows cross files freely).
         self.dependence = dependence or rows_dependence({}, self.codec)
         self.stride = seq_stride
-        self.prefetch = int(prefetch)  # files fetched ahead of the one being read
+        self.prefetch = int(prefetch)  # files fetched ahead of the one being read, at least
+        self.read_ahead = read_ahead_for(self.prefetch)
         self.timeout_s = timeout_s
         self._clock = clock
         # Deterministic streams know their seqs; best-effort ones (plan None) take any file.
@@ -151,6 +157,11 @@ class SplitStream:
         # (None for best-effort streams).
         self._pending: deque[tuple[Future[LoadedFile], tuple[int, int] | None]] = deque()
         self._finished: list[LoadedFile] = []  # read to their end, not yet released
+        self._opened_at = 0.0  # when the current file served its first rows
+        # Widens rows ahead for zero-copy CPU batches (widen.py): None until the first such
+        # batch, False where batches are views of the file or whole batches only.
+        self._widener: AheadWidener | bool | None = None
+        prestart_threads(source.executor)
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
         """What a batch of `size` rows is served as: (shape, dtype) per field."""
@@ -175,8 +186,43 @@ class SplitStream:
             return self._crossing(transfer, size)
         self.row = r1
         if transfer.serves_views:
-            return cur.views(r0, r1)
+            return self._views(cur, r0, r1)
         return transfer.deliver(cur.stored_batch(r0, r1))
+
+    def _views(self, f: LoadedFile, r0: int, r1: int) -> list[torch.Tensor]:
+        """Rows r0..r1 for a zero-copy CPU trainer: views of a chunk widened ahead if it
+        is ready, else widened now."""
+        widener = self._widener
+        if widener is None:
+            widener = self._start_widener()
+        if widener:
+            got, entered = f.widened(r0, r1)
+            if entered:
+                widener.wake()  # type: ignore[union-attr]  # truthy: an AheadWidener
+            if got is not None:
+                return got
+        return f.views(r0, r1)
+
+    def _start_widener(self) -> AheadWidener | bool:
+        if self.dependence:
+            self._widener = False
+        else:
+            self._widener = AheadWidener(f"queue-client-widen-{self.split}", self._widen_targets)
+        return self._widener
+
+    def _widen_targets(self) -> list[tuple[LoadedFile, int]]:
+        """The files to widen ahead in, in reading order, with the row the trainer reads
+        next in each: the current file, then the loaded files after it (widener thread)."""
+        out: list[tuple[LoadedFile, int]] = []
+        cur = self.current
+        if cur is not None:
+            out.append((cur, self.row))
+        for job, _ in list(self._pending):
+            if not job.done() or job.exception() is not None:
+                break
+            f = job.result()
+            out.append((f, f.start))
+        return out
 
     def next_into(self, transfer: Transfer, outs: list[torch.Tensor]) -> None:
         """Copy the next rows into `outs` (checked by the caller against `served`), widening
@@ -199,7 +245,7 @@ class SplitStream:
         if len(segments) == 1:
             f, a, b, _ = segments[0]
             if transfer.serves_views:
-                outs = f.views(a, b)
+                outs = self._views(f, a, b)
             else:
                 outs = transfer.deliver(f.stored_batch(a, b))
         elif transfer.serves_views:
@@ -248,7 +294,7 @@ class SplitStream:
 
     def _submit(self) -> None:
         seq, offset, carried = self._take()
-        job = self.source.executor.submit(self._fetch, seq, offset, carried)
+        job = self.source.executor.submit(self._fetch, seq, offset, carried, self._clock())
         self._pending.append((job, None if seq is None else (seq, offset)))
 
     def _advance(self) -> None:
@@ -264,9 +310,12 @@ class SplitStream:
             # instead of skipping any.
             self._give_back_pending(item)
             raise
-        loaded.waited_s = self._clock() - began
+        now = self._clock()
+        loaded.waited_s = now - began
         if self.current is not None:
             self._finished.append(self.current)
+            self.read_ahead.read(now - self._opened_at)
+        self._opened_at = now
         self.current = loaded
         self.row = min(loaded.start, loaded.rows)
 
@@ -274,10 +323,11 @@ class SplitStream:
         """Release the finished files and prefetch the next ones: after the batch that
         switched files is made, so the background threads this wakes take no GIL or core
         from that call."""
-        while len(self._pending) < self.prefetch:
+        while len(self._pending) < self.read_ahead.depth:
             self._submit()
         finished, self._finished = self._finished, []
         for old in finished:
+            old.chunks = None  # what is left widened of it goes once the trainer lets it go
             # The release job holds the finished file last, so it is unmapped off this thread.
             self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
         del finished
@@ -298,7 +348,7 @@ class SplitStream:
             self.source.release(loaded.lease, RETURNED)
         self._plan.extendleft(reversed(items))
 
-    def _fetch(self, seq: int | None, start: int, carried: bool) -> LoadedFile:
+    def _fetch(self, seq: int | None, start: int, carried: bool, submitted: float) -> LoadedFile:
         deadline = self._clock() + self.timeout_s
         last: errors.BatchQueueError | None = None
         for _attempt in range(_CORRUPT_RETRIES):
@@ -323,6 +373,7 @@ class SplitStream:
                 self.source.release(ref, RETURNED)
                 raise
             loaded.start = start
+            self.read_ahead.fetched(self._clock() - submitted)
             return loaded
         assert last is not None  # the loop ran and every attempt failed
         raise type(last)(
@@ -374,15 +425,30 @@ class SplitStream:
         next_file: Literal["none", "loading", "ready"] = (
             "none" if not pending else "ready" if pending[0][0].done() else "loading"
         )
+        ready = 0
+        while ready < len(pending) and pending[ready][0].done():
+            ready += 1
+        depth = self.read_ahead.depth
         if cur is None:
-            return StreamView(self.split, None, 0, 0, next_file)
+            return StreamView(self.split, None, 0, 0, next_file, 0, 0, depth, ready)
         offset = -(-self.row // cur.batch_size)  # a batch begun counts as read
         return StreamView(
-            self.split, cur.seq, offset, cur.num_batches, next_file, self.row, cur.rows
+            self.split,
+            cur.seq,
+            offset,
+            cur.num_batches,
+            next_file,
+            self.row,
+            cur.rows,
+            depth,
+            ready,
         )
 
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread."""
+        widener, self._widener = self._widener, None
+        if widener:
+            widener.close()  # type: ignore[union-attr]  # truthy: an AheadWidener
         self._give_back_pending()
         finished, self._finished = self._finished, []
         for old in finished:
