@@ -51,10 +51,15 @@ class ReadAhead:
         return self.depth
 
 
-def read_ahead_for(prefetch_files: int) -> ReadAhead:
+def read_ahead_for(prefetch_files: int, allowed: int | None = None) -> ReadAhead:
     """The read-ahead of a stream of a client with `prefetch_files` (0: prefetch off): at
-    least that many files, at most twice as many (and 16)."""
-    return ReadAhead(prefetch_files, min(16, 2 * prefetch_files))
+    least that many files, at most twice as many (and 16), and no more than the server lets
+    the rank hold ahead (`allowed`, None: unbounded), so no lease waits on the trainer's
+    next release: a paused trainer never finds one timed out."""
+    cap = min(16, 2 * prefetch_files)
+    if allowed is not None:
+        cap = min(cap, allowed)
+    return ReadAhead(prefetch_files, max(prefetch_files, cap))
 
 
 def prestart_threads(executor: ThreadPoolExecutor) -> None:

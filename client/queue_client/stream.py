@@ -105,6 +105,7 @@ class LeaseSource(Protocol):
     ) -> pb.Lease: ...  # pragma: no cover
     def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
     def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes: ...  # pragma: no cover
+    def files_ahead_allowed(self, split: str) -> int | None: ...  # pragma: no cover
     def release(
         self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = ""
     ) -> None: ...  # pragma: no cover
@@ -145,7 +146,8 @@ class SplitStream:
         self.dependence = dependence or rows_dependence({}, self.codec)
         self.stride = seq_stride
         self.prefetch = int(prefetch)  # files fetched ahead of the one being read, at least
-        self.read_ahead = read_ahead_for(self.prefetch)
+        allowed = source.files_ahead_allowed(split) if self.prefetch else 0
+        self.read_ahead = read_ahead_for(self.prefetch, allowed)
         self.timeout_s = timeout_s
         self._clock = clock
         # Deterministic streams know their seqs; best-effort ones (plan None) take any file.
