@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from queue_client import errors
 from queue_client.fetch import FileFetcher
 from queue_client.rpc import Rpc
-from queue_client.stream import LeaseRef
+from queue_client.stream_api import LeaseRef
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import World
 

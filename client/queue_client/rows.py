@@ -26,7 +26,7 @@ from queue_client.storage import BatchCodec
 from queue_client.transfer import StoredBatch
 
 if TYPE_CHECKING:
-    from queue_client.stream import LeaseRef
+    from queue_client.stream_api import LeaseRef
 
 
 def rows_dependence(meta: Mapping[str, Any], codec: BatchCodec, split: str = "") -> str:
@@ -66,11 +66,6 @@ class LoadedFile:
     served: list[torch.Tensor] | None = None
     start: int = 0  # the first row to serve: later than 0 when resuming mid-file
     waited_s: float = 0.0  # how long get_batch blocked for this file
-    # Served fields widened ahead of the trainer (widen.py), chunk_rows rows per chunk:
-    # None where not (yet, or any more) widened; the list itself None once the file is done.
-    chunks: list[list[torch.Tensor] | None] | None = field(init=False)
-    chunk_rows: int = field(init=False)
-    reading_chunk: int = -1  # the chunk the trainer's last batch came from
 
     def __post_init__(self) -> None:
         nb, bs = self.num_batches, self.batch_size
@@ -83,12 +78,6 @@ class LoadedFile:
         self.row_fields = self.codec.field_views(self.row_stored)
         if self.codec.identity:
             self.served = self.row_fields  # type: ignore[assignment]  # identity: all direct
-        from queue_client.widen import CHUNK_BATCHES
-
-        self.chunk_rows = CHUNK_BATCHES * bs
-        # Widened ahead only where a batch is a copy of its rows (not views of the file).
-        widens = not self.codec.identity and all(self.rowwise)
-        self.chunks = [None] * -(-self.rows // self.chunk_rows) if widens else None
 
     def stored_rows(self, r0: int, r1: int) -> list[torch.Tensor]:
         """Rows r0..r1 of every stored tensor (a per-batch one: the batch r0 lies in)."""
@@ -109,30 +98,6 @@ class LoadedFile:
         """Rows r0..r1's served fields written into `outs` (one widening copy_ per field)."""
         fields = [None if f is None else f[r0:r1] for f in self.row_fields]
         self.codec.serve_into(fields, self.stored_rows(r0, r1), outs)
-
-    def widened(self, r0: int, r1: int) -> tuple[list[torch.Tensor] | None, bool]:
-        """Rows r0..r1 as views of a chunk widened ahead (None where it is not ready, or
-        they span two chunks), and whether they enter a chunk the trainer was not in yet.
-        Chunks behind it are dropped: their memory goes once the trainer lets them go."""
-        chunks, size = self.chunks, self.chunk_rows
-        if chunks is None:
-            return None, False
-        i = r0 // size
-        entered = i != self.reading_chunk
-        if entered:
-            for k in range(max(self.reading_chunk, 0), i):
-                chunks[k] = None
-            self.reading_chunk = i
-        chunk = chunks[i] if r1 <= (i + 1) * size else None
-        if chunk is None:
-            return None, entered
-        base = i * size
-        return [t[r0 - base : r1 - base] for t in chunk], entered
-
-    def widen_chunk(self, i: int) -> list[torch.Tensor]:
-        """Chunk i's served fields, widened into memory of their own."""
-        r0 = i * self.chunk_rows
-        return self.views(r0, min(r0 + self.chunk_rows, self.rows))
 
     def views(self, r0: int, r1: int) -> list[torch.Tensor]:
         """Rows r0..r1's served fields, for a trainer that takes zero-copy CPU batches: views

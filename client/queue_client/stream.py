@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, Protocol
+from concurrent.futures import Future
+from typing import Literal
 
 import torch
 
@@ -35,87 +33,14 @@ from queue_client.resume import StreamPlan
 from queue_client.rows import LoadedFile, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
 from queue_client.storage import codec_for
+from queue_client.stream_api import LeaseRef, LeaseSource, StreamView
 from queue_client.transfer import Transfer
-from queue_client.widen import AheadWidener
 from queue_client.wire import batchqueue_pb2 as pb
 
 CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
 # Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
 # before the file arrived) before giving up.
 _CORRUPT_RETRIES = 3
-
-
-@dataclass
-class LeaseRef:
-    """A lease the client holds; lease_id changes if the lease is re-acquired after a loss."""
-
-    lease_id: str
-    dataset: str
-    split: str
-    seq: int
-    carried: bool = False
-    released: bool = False
-
-
-@dataclass(frozen=True)
-class StreamView:
-    """Where one split's stream stands, as the next get_batch will find it: a snapshot for
-    benchmarks and monitoring (QueueClient.stream_view); reading batches never needs it."""
-
-    split: str
-    seq: int | None  # the file being read; None before its first batch and after a close
-    offset: int  # the next batch's index in that file
-    batches_in_file: int  # 0 while no file is open
-    # The prefetch of the file after it: "none" (not started, or prefetch is off), "loading"
-    # (being leased, verified and paged in), "ready" (done: opening it costs no wait; a failed
-    # prefetch is "ready" too, and the next get_batch raises its error).
-    next_file: Literal["none", "loading", "ready"]
-    row: int = 0  # the next row's index in that file (offset counts batches of the file's unit)
-    rows_in_file: int = 0
-    read_ahead: int = 0  # files the stream keeps leased and loaded ahead (readahead.py)
-    ready_ahead: int = 0  # of those, the ones loaded, in reading order, up to the first not
-
-    @property
-    def opens_file(self) -> bool:
-        """The next get_batch opens a file (the first one, or the one after this): its
-        file has no row left. A batch that takes the file's last rows and the next file's
-        first also opens one; `needs_file(batch_size)` says so for a given size."""
-        if self.rows_in_file:
-            return self.row >= self.rows_in_file
-        return self.offset >= self.batches_in_file
-
-    def needs_file(self, batch_size: int) -> bool:
-        """A get_batch of `batch_size` rows opens a file."""
-        return self.row + batch_size > self.rows_in_file
-
-
-class LeaseSource(Protocol):
-    """What a stream needs from its client; implemented by QueueClient."""
-
-    dataset: str
-    data_root: Path
-    batch_size: int  # the default batch a trainer gets
-    file_batch_size: int  # the files' unit: rows per stored batch
-    verify_checksums: bool
-    transport: str  # "file" or "grpc"
-    executor: ThreadPoolExecutor
-
-    def acquire(
-        self, split: str, seq: int | None, deadline: float, carried: bool = False
-    ) -> pb.Lease: ...  # pragma: no cover
-    def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
-    def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes: ...  # pragma: no cover
-    def files_ahead_allowed(self, split: str) -> int | None: ...  # pragma: no cover
-    def release(
-        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = ""
-    ) -> None: ...  # pragma: no cover
-    def release_later(
-        self,
-        ref: LeaseRef,
-        outcome: pb.ReleaseOutcome,
-        waited_s: float = 0.0,
-        keep: object = None,
-    ) -> None: ...  # pragma: no cover
 
 
 class SplitStream:
@@ -160,9 +85,6 @@ class SplitStream:
         self._pending: deque[tuple[Future[LoadedFile], tuple[int, int] | None]] = deque()
         self._finished: list[LoadedFile] = []  # read to their end, not yet released
         self._opened_at = 0.0  # when the current file served its first rows
-        # Widens rows ahead for zero-copy CPU batches (widen.py): None until the first such
-        # batch, False where batches are views of the file or whole batches only.
-        self._widener: AheadWidener | bool | None = None
         prestart_threads(source.executor)
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
@@ -188,43 +110,8 @@ class SplitStream:
             return self._crossing(transfer, size)
         self.row = r1
         if transfer.serves_views:
-            return self._views(cur, r0, r1)
+            return cur.views(r0, r1)
         return transfer.deliver(cur.stored_batch(r0, r1))
-
-    def _views(self, f: LoadedFile, r0: int, r1: int) -> list[torch.Tensor]:
-        """Rows r0..r1 for a zero-copy CPU trainer: views of a chunk widened ahead if it
-        is ready, else widened now."""
-        widener = self._widener
-        if widener is None:
-            widener = self._start_widener()
-        if widener:
-            got, entered = f.widened(r0, r1)
-            if entered:
-                widener.wake()  # type: ignore[union-attr]  # truthy: an AheadWidener
-            if got is not None:
-                return got
-        return f.views(r0, r1)
-
-    def _start_widener(self) -> AheadWidener | bool:
-        if self.dependence:
-            self._widener = False
-        else:
-            self._widener = AheadWidener(f"queue-client-widen-{self.split}", self._widen_targets)
-        return self._widener
-
-    def _widen_targets(self) -> list[tuple[LoadedFile, int]]:
-        """The files to widen ahead in, in reading order, with the row the trainer reads
-        next in each: the current file, then the loaded files after it (widener thread)."""
-        out: list[tuple[LoadedFile, int]] = []
-        cur = self.current
-        if cur is not None:
-            out.append((cur, self.row))
-        for job, _ in list(self._pending):
-            if not job.done() or job.exception() is not None:
-                break
-            f = job.result()
-            out.append((f, f.start))
-        return out
 
     def next_into(self, transfer: Transfer, outs: list[torch.Tensor]) -> None:
         """Copy the next rows into `outs` (checked by the caller against `served`), widening
@@ -247,7 +134,7 @@ class SplitStream:
         if len(segments) == 1:
             f, a, b, _ = segments[0]
             if transfer.serves_views:
-                outs = self._views(f, a, b)
+                outs = f.views(a, b)
             else:
                 outs = transfer.deliver(f.stored_batch(a, b))
         elif transfer.serves_views:
@@ -329,7 +216,6 @@ class SplitStream:
             self._submit()
         finished, self._finished = self._finished, []
         for old in finished:
-            old.chunks = None  # what is left widened of it goes once the trainer lets it go
             # The release job holds the finished file last, so it is unmapped off this thread.
             self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
         del finished
@@ -448,9 +334,6 @@ class SplitStream:
 
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread."""
-        widener, self._widener = self._widener, None
-        if widener:
-            widener.close()  # type: ignore[union-attr]  # truthy: an AheadWidener
         self._give_back_pending()
         finished, self._finished = self._finished, []
         for old in finished:
