@@ -24,6 +24,8 @@ _FETCH_WEIGHT = 0.5
 
 
 class ReadAhead:
+    """A stream's read-ahead depth, between `floor` and `cap` files; see the module."""
+
     def __init__(self, floor: int, cap: int) -> None:
         if not 0 <= floor <= cap:
             raise ValueError(f"read-ahead floor {floor} must be in [0, cap={cap}]")
