@@ -56,14 +56,22 @@ class FileWalker:
     def settle(self, timeout_s: float = 120.0) -> None:
         """Wait for the prefetch of the next file and for the provider to go idle."""
         wait_until(
-            lambda: self.client.stream_view(self.split).next_file != "loading",
+            lambda: self._all_ahead_loaded(self.client.stream_view(self.split)),
             timeout_s,
-            f"the prefetch of the next {self.split} file",
+            f"the prefetch of the next {self.split} files",
             poll_s=0.001,
         )
-        # Files the client prefetches beyond the next one are leased out of the backlog.
-        deeper = getattr(self.client, "prefetch_files", 1) - 1
+        # Files the client reads ahead beyond the next one are leased out of the backlog.
+        view = self.client.stream_view(self.split)
+        deeper = getattr(view, "read_ahead", getattr(self.client, "prefetch_files", 1)) - 1
         self.server.wait_ready_files(self.dataset, self.backlog - deeper, self.split, timeout_s)
+
+    @staticmethod
+    def _all_ahead_loaded(view: object) -> bool:
+        """Every file read ahead is loaded (a client before read_ahead: the next one)."""
+        if hasattr(view, "ready_ahead"):
+            return view.ready_ahead >= view.read_ahead  # type: ignore[attr-defined]
+        return view.next_file != "loading"  # type: ignore[attr-defined]
 
     def time_rest_of_file(
         self, keep: list | None = None, out: tuple | None = None

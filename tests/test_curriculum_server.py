@@ -140,6 +140,11 @@ def test_an_alpha_change_reaches_the_stream_within_the_bound(shared) -> None:
     assert all(alphas[s] == [0.25] * NB for s in range(effective, effective + 2))
 
 
+def window_files(server, name: str) -> int:
+    s = server.split_stats(name)
+    return s["ready_files"] + s["leased_files"]
+
+
 def test_same_config_and_calls_give_the_same_batches(shared) -> None:
     """Two datasets of the same config (each its own composer and provider processes), the
     same calls at the same steps, one of them at a different speed: the same batches. Exact
@@ -150,10 +155,9 @@ def test_same_config_and_calls_give_the_same_batches(shared) -> None:
         # One file prefetched: the window of BACKLOG files then stays free to run ahead in.
         with QueueClient(server.address, name, prefetch_files=1) as client:
             first = take(client, 2 * NB + 3)
-            if pause:  # let composition run ahead as far as the window allows
-                wait_until(
-                    lambda n=name: server.split_stats(n)["ready_files"] >= BACKLOG, 30, "backlog"
-                )
+            if pause:  # let composition run ahead as far as the window allows: BACKLOG + 2
+                # files, ready or leased (the client reads ahead deeper for a fast reader)
+                wait_until(lambda n=name: window_files(server, n) >= BACKLOG + 2, 30, "backlog")
             client.set_curriculum(0.0)
             runs.append(torch.cat([first, take(client, 6 * NB)]))
     assert torch.equal(runs[0], runs[1])

@@ -140,9 +140,9 @@ class QueueClient(LeaseMixin, SteeringMixin):
                 address,
             )
         self._transfer = Transfer(self.device, copy=copy)
-        # Prefetch jobs of two splits, and the releases beside them.
+        # Prefetch jobs of two splits (read ahead up to 2 x prefetch_files), and releases.
         self.executor = ThreadPoolExecutor(
-            max_workers=2 * prefetch_files + 2, thread_name_prefix="queue-client"
+            max_workers=4 * prefetch_files + 2, thread_name_prefix="queue-client"
         )
         self._streams: dict[str, SplitStream] = {}
         self._resume: dict[str, StreamPlan] = {}

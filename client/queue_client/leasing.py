@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from queue_client import errors
 from queue_client.fetch import FileFetcher
 from queue_client.rpc import Rpc
-from queue_client.stream import LeaseRef
+from queue_client.stream_api import LeaseRef
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import World
 
@@ -73,6 +73,27 @@ class LeaseMixin:
                         f"no batch of {self.dataset}/{split} from {self.address} within {self.timeout_s:.0f}s "
                         f"(rank {self.world.rank}/{self.world.world_size}): {exc}"
                     ) from None
+
+    def files_ahead_allowed(self, split: str) -> int | None:
+        """How many files this rank may hold beyond the one it reads before leasing the next
+        waits for a release: in deterministic mode the server makes a rank's files only
+        within max_backlog_files + 2 of its seqs (the stats say the split's own). None where
+        nothing bounds it (best effort); 0 if the server does not say."""
+        if self.mode != "deterministic":
+            return None
+        try:
+            reply = self._rpc.call(
+                "GetStats", pb.GetStatsRequest(dataset=self.dataset), timeout_s=self.timeout_s
+            )
+        except errors.BatchQueueError as exc:
+            log.warning(
+                "no read-ahead beyond prefetch_files for %s/%s: %s", self.dataset, split, exc
+            )
+            return 0
+        for stats in reply.splits:
+            if stats.split == split and stats.max_backlog_files > 0:
+                return int(stats.max_backlog_files) + 1
+        return 0
 
     def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes:
         """The leased file's bytes, streamed and verified (transport "grpc")."""

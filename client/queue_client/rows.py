@@ -26,7 +26,7 @@ from queue_client.storage import BatchCodec
 from queue_client.transfer import StoredBatch
 
 if TYPE_CHECKING:
-    from queue_client.stream import LeaseRef
+    from queue_client.stream_api import LeaseRef
 
 
 def rows_dependence(meta: Mapping[str, Any], codec: BatchCodec, split: str = "") -> str:

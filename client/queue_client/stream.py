@@ -8,7 +8,8 @@ no syscall, no per-sample loop. Zero-copy CPU trainers get views of the file whe
 the served fields, else the rows widened into a batch's own memory; copies (`out=`, copy=True, CUDA) start from the
 stored tensors, narrow token ids and all, and widen them on the way (storage.py).
 Leasing, crc32, loading and paging in all happen in a background thread,
-`prefetch_files` ahead, and cost the file switch nothing: the prefetched file takes over, the
+`prefetch_files` ahead (deeper for a trainer that reads files faster than they are fetched:
+readahead.py), and cost the file switch nothing: the prefetched file takes over, the
 finished one is released in the background, and the prefetch of the one after starts.
 
 With transport "grpc" the background thread streams the file instead of mapping it
@@ -19,20 +20,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, Protocol
+from concurrent.futures import Future
+from typing import Literal
 
 import torch
 
 from queue_client import errors
 from queue_client.batchfile import load_batch_bytes
 from queue_client.file_map import map_leased, prefault
+from queue_client.readahead import prestart_threads, read_ahead_for
 from queue_client.resume import StreamPlan
 from queue_client.rows import LoadedFile, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
 from queue_client.storage import codec_for
+from queue_client.stream_api import LeaseRef, LeaseSource, StreamView
 from queue_client.transfer import Transfer
 from queue_client.wire import batchqueue_pb2 as pb
 
@@ -40,76 +41,6 @@ CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
 # Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
 # before the file arrived) before giving up.
 _CORRUPT_RETRIES = 3
-
-
-@dataclass
-class LeaseRef:
-    """A lease the client holds; lease_id changes if the lease is re-acquired after a loss."""
-
-    lease_id: str
-    dataset: str
-    split: str
-    seq: int
-    carried: bool = False
-    released: bool = False
-
-
-@dataclass(frozen=True)
-class StreamView:
-    """Where one split's stream stands, as the next get_batch will find it: a snapshot for
-    benchmarks and monitoring (QueueClient.stream_view); reading batches never needs it."""
-
-    split: str
-    seq: int | None  # the file being read; None before its first batch and after a close
-    offset: int  # the next batch's index in that file
-    batches_in_file: int  # 0 while no file is open
-    # The prefetch of the file after it: "none" (not started, or prefetch is off), "loading"
-    # (being leased, verified and paged in), "ready" (done: opening it costs no wait; a failed
-    # prefetch is "ready" too, and the next get_batch raises its error).
-    next_file: Literal["none", "loading", "ready"]
-    row: int = 0  # the next row's index in that file (offset counts batches of the file's unit)
-    rows_in_file: int = 0
-
-    @property
-    def opens_file(self) -> bool:
-        """The next get_batch opens a file (the first one, or the one after this): its
-        file has no row left. A batch that takes the file's last rows and the next file's
-        first also opens one; `needs_file(batch_size)` says so for a given size."""
-        if self.rows_in_file:
-            return self.row >= self.rows_in_file
-        return self.offset >= self.batches_in_file
-
-    def needs_file(self, batch_size: int) -> bool:
-        """A get_batch of `batch_size` rows opens a file."""
-        return self.row + batch_size > self.rows_in_file
-
-
-class LeaseSource(Protocol):
-    """What a stream needs from its client; implemented by QueueClient."""
-
-    dataset: str
-    data_root: Path
-    batch_size: int  # the default batch a trainer gets
-    file_batch_size: int  # the files' unit: rows per stored batch
-    verify_checksums: bool
-    transport: str  # "file" or "grpc"
-    executor: ThreadPoolExecutor
-
-    def acquire(
-        self, split: str, seq: int | None, deadline: float, carried: bool = False
-    ) -> pb.Lease: ...  # pragma: no cover
-    def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
-    def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes: ...  # pragma: no cover
-    def release(
-        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = ""
-    ) -> None: ...  # pragma: no cover
-    def release_later(
-        self,
-        ref: LeaseRef,
-        outcome: pb.ReleaseOutcome,
-        waited_s: float = 0.0,
-        keep: object = None,
-    ) -> None: ...  # pragma: no cover
 
 
 class SplitStream:
@@ -139,7 +70,9 @@ class SplitStream:
         # Why a batch must be the file's own (empty: any size, rows cross files freely).
         self.dependence = dependence or rows_dependence({}, self.codec)
         self.stride = seq_stride
-        self.prefetch = int(prefetch)  # files fetched ahead of the one being read
+        self.prefetch = int(prefetch)  # files fetched ahead of the one being read, at least
+        allowed = source.files_ahead_allowed(split) if self.prefetch else 0
+        self.read_ahead = read_ahead_for(self.prefetch, allowed)
         self.timeout_s = timeout_s
         self._clock = clock
         # Deterministic streams know their seqs; best-effort ones (plan None) take any file.
@@ -151,6 +84,8 @@ class SplitStream:
         # (None for best-effort streams).
         self._pending: deque[tuple[Future[LoadedFile], tuple[int, int] | None]] = deque()
         self._finished: list[LoadedFile] = []  # read to their end, not yet released
+        self._opened_at = 0.0  # when the current file served its first rows
+        prestart_threads(source.executor)
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
         """What a batch of `size` rows is served as: (shape, dtype) per field."""
@@ -248,7 +183,7 @@ class SplitStream:
 
     def _submit(self) -> None:
         seq, offset, carried = self._take()
-        job = self.source.executor.submit(self._fetch, seq, offset, carried)
+        job = self.source.executor.submit(self._fetch, seq, offset, carried, self._clock())
         self._pending.append((job, None if seq is None else (seq, offset)))
 
     def _advance(self) -> None:
@@ -264,9 +199,12 @@ class SplitStream:
             # instead of skipping any.
             self._give_back_pending(item)
             raise
-        loaded.waited_s = self._clock() - began
+        now = self._clock()
+        loaded.waited_s = now - began
         if self.current is not None:
             self._finished.append(self.current)
+            self.read_ahead.read(now - self._opened_at)
+        self._opened_at = now
         self.current = loaded
         self.row = min(loaded.start, loaded.rows)
 
@@ -274,7 +212,7 @@ class SplitStream:
         """Release the finished files and prefetch the next ones: after the batch that
         switched files is made, so the background threads this wakes take no GIL or core
         from that call."""
-        while len(self._pending) < self.prefetch:
+        while len(self._pending) < self.read_ahead.depth:
             self._submit()
         finished, self._finished = self._finished, []
         for old in finished:
@@ -298,7 +236,7 @@ class SplitStream:
             self.source.release(loaded.lease, RETURNED)
         self._plan.extendleft(reversed(items))
 
-    def _fetch(self, seq: int | None, start: int, carried: bool) -> LoadedFile:
+    def _fetch(self, seq: int | None, start: int, carried: bool, submitted: float) -> LoadedFile:
         deadline = self._clock() + self.timeout_s
         last: errors.BatchQueueError | None = None
         for _attempt in range(_CORRUPT_RETRIES):
@@ -323,6 +261,7 @@ class SplitStream:
                 self.source.release(ref, RETURNED)
                 raise
             loaded.start = start
+            self.read_ahead.fetched(self._clock() - submitted)
             return loaded
         assert last is not None  # the loop ran and every attempt failed
         raise type(last)(
@@ -374,11 +313,23 @@ class SplitStream:
         next_file: Literal["none", "loading", "ready"] = (
             "none" if not pending else "ready" if pending[0][0].done() else "loading"
         )
+        ready = 0
+        while ready < len(pending) and pending[ready][0].done():
+            ready += 1
+        depth = self.read_ahead.depth
         if cur is None:
-            return StreamView(self.split, None, 0, 0, next_file)
+            return StreamView(self.split, None, 0, 0, next_file, 0, 0, depth, ready)
         offset = -(-self.row // cur.batch_size)  # a batch begun counts as read
         return StreamView(
-            self.split, cur.seq, offset, cur.num_batches, next_file, self.row, cur.rows
+            self.split,
+            cur.seq,
+            offset,
+            cur.num_batches,
+            next_file,
+            self.row,
+            cur.rows,
+            depth,
+            ready,
         )
 
     def close(self) -> None:

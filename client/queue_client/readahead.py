@@ -1,0 +1,79 @@
+"""How many files a split's stream keeps leased and loaded ahead of the one being read.
+
+A file switch waits for nothing only if the next file was fetched (leased, verified, mapped,
+paged in) before the trainer finished the current one. A trainer that reads a file in R
+seconds while a fetch takes L seconds from its start needs about L / R files in flight;
+with fewer, it catches up with the fetches and waits at a switch, however many files the
+server has ready. So the depth starts at the client's `prefetch_files` and grows, up to
+`cap`, as soon as a file is read faster than the files ahead of it are fetched: judged at
+every switch, before the stream runs dry, not after a stall.
+
+The depth never shrinks: a trainer that was fast once (a burst after an evaluation, an
+epoch of cheap steps) will be again, and what a deeper read-ahead costs is bounded by the
+cap: that many leases and mapped files (page cache the server's files share) per split.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+# Weight of the newest fetch in the running estimate of a fetch's duration.
+_FETCH_WEIGHT = 0.5
+
+
+class ReadAhead:
+    """A stream's read-ahead depth, between `floor` and `cap` files; see the module."""
+
+    def __init__(self, floor: int, cap: int) -> None:
+        if not 0 <= floor <= cap:
+            raise ValueError(f"read-ahead floor {floor} must be in [0, cap={cap}]")
+        self.floor = floor
+        self.cap = cap
+        self.depth = floor
+        self.fetch_s = 0.0  # running estimate of one fetch, from its start to its end
+
+    def fetched(self, seconds: float) -> None:
+        """A fetch took `seconds` from its start to its end (queueing included)."""
+        if self.fetch_s == 0.0:
+            self.fetch_s = seconds
+        else:
+            self.fetch_s += _FETCH_WEIGHT * (seconds - self.fetch_s)
+
+    def read(self, seconds: float) -> int:
+        """A file was read in `seconds` (its first call to the call that needed the next
+        file): deepen if the files ahead cannot keep up at that pace. Returns the depth."""
+        if self.depth >= self.cap or self.fetch_s <= 0.0:
+            return self.depth
+        # One file is read while the next `depth` are fetched in parallel; one more keeps a
+        # margin for a fetch slower than the estimate.
+        wanted = math.ceil(self.fetch_s / max(seconds, 1e-6)) + 1
+        self.depth = min(self.cap, max(self.depth, wanted))
+        return self.depth
+
+
+def read_ahead_for(prefetch_files: int, allowed: int | None = None) -> ReadAhead:
+    """The read-ahead of a stream of a client with `prefetch_files` (0: prefetch off): at
+    least that many files, at most twice as many (and 16), and no more than the server lets
+    the rank hold ahead (`allowed`, None: unbounded), so no lease waits on the trainer's
+    next release: a paused trainer never finds one timed out."""
+    cap = min(16, 2 * prefetch_files)
+    if allowed is not None:
+        cap = min(cap, allowed)
+    return ReadAhead(prefetch_files, max(prefetch_files, cap))
+
+
+def prestart_threads(executor: ThreadPoolExecutor) -> None:
+    """Start every thread of the client's pool now, at a stream's opening: a pool starts a
+    thread when a job finds none idle, and Thread.start waits until the new thread runs and
+    holds the GIL, which a submit at a file switch must never do. Idempotent."""
+    n = getattr(executor, "_max_workers", 0)  # stdlib attribute, stable since 3.2
+    if getattr(executor, "_queue_client_started", False) or n <= 0:
+        return
+    go = threading.Event()
+    jobs = [executor.submit(go.wait, 5.0) for _ in range(n)]
+    go.set()
+    for job in jobs:
+        job.result()
+    executor._queue_client_started = True  # type: ignore[attr-defined]
