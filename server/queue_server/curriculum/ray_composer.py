@@ -36,7 +36,6 @@ from queue_server.production.ray_calls import (
     actor_reply,
     check_some_node_matches,
     stall_message,
-    worker_assigned,
 )
 from queue_server.production.ray_connect import (
     LOCAL,
@@ -146,7 +145,6 @@ class RayComposer:
 
     async def _placed(self, ref: Any) -> dict[str, Any]:
         """The actor's where() reply, once a node took it; the wait is reported meanwhile."""
-        ray = import_ray()
         began = asyncio.get_running_loop().time()
         stalled = False
         try:
@@ -154,12 +152,6 @@ class RayComposer:
                 try:
                     return dict(await self._get(ref, self._stall_report_s))
                 except asyncio.TimeoutError:
-                    if await asyncio.to_thread(worker_assigned, ray, self._actor):
-                        # Placed, and being built (imports on a busy machine): no stall.
-                        if stalled and self.on_stalled is not None:
-                            self.on_stalled(None)
-                        stalled = False
-                        continue
                     stalled = True
                     waited = asyncio.get_running_loop().time() - began
                     reason = stall_message(waited, self._num_cpus, self.placement, self.label)

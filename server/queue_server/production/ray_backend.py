@@ -15,9 +15,9 @@ reported exited (on_slot_exit). Either way production restarts the slot from the
 state (a worker restart in GetStats), with a new actor. A new actor waits for a node with room
 for as long as the cluster answers: after STALL_REPORT_S the backend reports the stall
 (on_stalled: "waiting N s for a Ray node with 1 CPU ...", refreshed every STALL_REPORT_S), so
-the dataset is NOT_SERVING saying why, and serves again once a node takes the actor (an actor
-that a node gave a worker process, still importing its provider on a busy machine, waits for no
-node: that is no stall). The wait is the slot's: an actor made again does not restart it. A cluster
+the dataset is NOT_SERVING saying why, and serves again once a node takes the actor. The wait is
+the slot's: an actor made again (one placed on a node that was going away) does not restart its
+clock, so a lost node's stall is reported STALL_REPORT_S after the loss is noticed. A cluster
 that goes away while no call is in flight (every slot idle behind a full backlog) is noticed
 by a watch that asks the head every CLUSTER_CHECK_S: the idle slots are reported exited, and
 their restart finds the cluster gone, so the dataset turns NOT_SERVING then, not when the next
@@ -59,7 +59,6 @@ from queue_server.production.ray_calls import (
     check_some_node_matches,
     head_answers,
     stall_message,
-    worker_assigned,
 )
 from queue_server.production.ray_connect import (
     LOCAL,
@@ -318,11 +317,6 @@ class RayBackend(ProductionBackend):
                             return current
                         except asyncio.TimeoutError:
                             report_at = loop.time() + self._stall_report_s
-                            if await asyncio.to_thread(worker_assigned, ray, current.actor):
-                                # Placed, and being built: no node is wanted.
-                                if self._stalled.pop(slot, None) is not None:
-                                    self._report_stall()
-                                continue
                             self._stalled.setdefault(slot, began)
                             self._report_stall()
                 except SlotDied as exc:

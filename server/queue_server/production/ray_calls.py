@@ -21,7 +21,6 @@ __all__ = [
     "gist",
     "head_answers",
     "stall_message",
-    "worker_assigned",
 ]
 
 # How often a call that waits on an actor checks that the cluster's head still answers.
@@ -67,18 +66,6 @@ def stall_message(waited_s: float, cpus: float, placement: str, what: str) -> st
         f"{placement!r}) to start the actor of {what}; nothing is made for it meanwhile. "
         "`ray status` shows what the cluster has free; a node that joins with room takes it"
     )
-
-
-def worker_assigned(ray: Any, actor: Any) -> bool:
-    """Whether a node has given the pending actor a worker process (it is being built there:
-    on a busy machine, importing the provider takes seconds), as opposed to waiting for a node
-    with room, which is what a stall report says. Blocking (it asks the head): call it in a
-    thread. False where the head does not tell (the report then goes out as before)."""
-    try:
-        entry = ray._private.state.actors(actor_id=actor._actor_id.hex())
-        return bool(int(entry.get("Pid") or 0))
-    except Exception:  # another Ray's table, or the head busy: no worse than before
-        return False
 
 
 def awaitable(ref: Any) -> Awaitable[Any]:
