@@ -78,7 +78,8 @@ def read(client: QueueClient, batches: int) -> Rows:
 
 
 def trainer(server: ServerProcess) -> QueueClient:
-    return QueueClient(server.address, DATASET, timeout_s=60)
+    # A get_batch may wait for composer actors to start again (see the test's timeout).
+    return QueueClient(server.address, DATASET, timeout_s=150)
 
 
 def positions(rows: Rows) -> list[tuple[int, int]]:
@@ -140,6 +141,9 @@ def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Rows:
     return rows
 
 
+# Two composer actors and a candidate provider start, then start again after the kill: each a
+# Ray worker process importing torch, tens of seconds on a busy 2-core machine.
+@pytest.mark.timeout(300)
 def test_composer_actors_serve_the_local_bytes_and_a_killed_one_changes_none(
     ray_cluster: RayCluster,
     start_server: ServerFactory,

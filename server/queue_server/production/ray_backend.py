@@ -15,7 +15,9 @@ reported exited (on_slot_exit). Either way production restarts the slot from the
 state (a worker restart in GetStats), with a new actor. A new actor waits for a node with room
 for as long as the cluster answers: after STALL_REPORT_S the backend reports the stall
 (on_stalled: "waiting N s for a Ray node with 1 CPU ...", refreshed every STALL_REPORT_S), so
-the dataset is NOT_SERVING saying why, and serves again once a node takes the actor. A cluster
+the dataset is NOT_SERVING saying why, and serves again once a node takes the actor. The wait is
+the slot's: an actor made again (one placed on a node that was going away) does not restart its
+clock, so a lost node's stall is reported STALL_REPORT_S after the loss is noticed. A cluster
 that goes away while no call is in flight (every slot idle behind a full backlog) is noticed
 by a watch that asks the head every CLUSTER_CHECK_S: the idle slots are reported exited, and
 their restart finds the cluster gone, so the dataset turns NOT_SERVING then, not when the next
@@ -299,7 +301,10 @@ class RayBackend(ProductionBackend):
         An actor that dies before it answers (placed on a node that was going away, before
         the head knew) is no provider's failure: another one is made, and the wait goes on."""
         ray = import_ray()
-        began = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        # The wait is the slot's, not one actor's: an actor made again does not reset it.
+        report_at = began + self._stall_report_s
         try:
             while True:
                 current = self._create(slot)
@@ -307,10 +312,11 @@ class RayBackend(ProductionBackend):
                 try:
                     while True:
                         try:
-                            where = await self._call(slot, ref, self._stall_report_s)
+                            where = await self._call(slot, ref, max(0.0, report_at - loop.time()))
                             current.node_id, current.pid = where
                             return current
                         except asyncio.TimeoutError:
+                            report_at = loop.time() + self._stall_report_s
                             self._stalled.setdefault(slot, began)
                             self._report_stall()
                 except SlotDied as exc:
