@@ -78,7 +78,12 @@ def _launch(settings: Settings, tokens: Tokens, n: int, batches: int) -> dict[st
             for _ in range(batches - 1):
                 x, y = client.get_batch("train")
                 total += int(x.sum()) + int(y.sum())
-            server.wait_ready_files("start", 2)
+            # The backlog is full: files ready, and those the client leased ahead to read.
+            wait_until(
+                lambda: (s := server.split_stats("start"))["ready_files"] + s["leased_files"] >= 2,
+                120,
+                "2 files of start/train ready or leased ahead",
+            )
             wait_until(
                 lambda: len(server.split_stats("start")["worker_pids"]) == WORKERS,
                 120,

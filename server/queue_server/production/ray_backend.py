@@ -58,7 +58,7 @@ from queue_server.production.ray_calls import (
     awaitable,
     check_some_node_matches,
     head_answers,
-    stall_message,
+    slots_stall_message,
 )
 from queue_server.production.ray_connect import (
     LOCAL,
@@ -250,14 +250,8 @@ class RayBackend(ProductionBackend):
             "ray_address": self.ray_address,
             "placement": self.placement,
             "slots": [
-                {
-                    "slot": slot,
-                    "node_id": s.node_id,
-                    "pid": s.pid,
-                    "restarts": self._restarts.get(slot, 0),
-                }
-                for slot, s in sorted(self._slots.items())
-                if not s.gone
+                {"slot": w.index, "node_id": w.node_id, "pid": w.pid, "restarts": w.restarts}
+                for w in self.workers()
             ],
         }
 
@@ -338,10 +332,10 @@ class RayBackend(ProductionBackend):
         if not self._stalled:
             self.on_stalled(None)
             return
-        waited = asyncio.get_running_loop().time() - min(self._stalled.values())
-        slots = sorted(self._stalled)
-        which = f"slot {slots[0]}" if len(slots) == 1 else f"slots {', '.join(map(str, slots))}"
-        reason = stall_message(waited, self._num_cpus, self.placement, f"{self._label} {which}")
+        now = asyncio.get_running_loop().time()
+        reason = slots_stall_message(
+            self._label, self._stalled, now, self._num_cpus, self.placement
+        )
         log.warning("%s", reason)
         self.on_stalled(reason)
 

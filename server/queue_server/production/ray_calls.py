@@ -20,6 +20,7 @@ __all__ = [
     "check_some_node_matches",
     "gist",
     "head_answers",
+    "slots_stall_message",
     "stall_message",
 ]
 
@@ -66,6 +67,16 @@ def stall_message(waited_s: float, cpus: float, placement: str, what: str) -> st
         f"{placement!r}) to start the actor of {what}; nothing is made for it meanwhile. "
         "`ray status` shows what the cluster has free; a node that joins with room takes it"
     )
+
+
+def slots_stall_message(
+    label: str, since: Mapping[int, float], now: float, cpus: float, placement: str
+) -> str:
+    """stall_message for the slots of `label` waiting since the times in `since` ({slot:
+    since}): every slot named, and the longest wait."""
+    slots = sorted(since)
+    which = f"slot {slots[0]}" if len(slots) == 1 else f"slots {', '.join(map(str, slots))}"
+    return stall_message(now - min(since.values()), cpus, placement, f"{label} {which}")
 
 
 def awaitable(ref: Any) -> Awaitable[Any]:
