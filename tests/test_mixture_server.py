@@ -157,7 +157,9 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
 @pytest.fixture(scope="module")
 def reference(shared) -> Reference:
     _, tmp = shared
-    return Reference(write_sources(tmp), tmp, "mix")
+    # The files `shared` wrote, read as they are: writing them again would truncate them
+    # under the running server, whose workers then find no tokens and fail the dataset.
+    return Reference({name: tmp / "sources" / name for name in NAMES}, tmp, "mix")
 
 
 def test_counts_stay_within_one_row_of_the_weights_at_every_prefix(shared, reference) -> None:
@@ -268,7 +270,7 @@ def test_node_local_servers_make_the_same_rows(shared, reference, tmp_path: Path
     """Two servers of a world of 4 (ranks 0-1 and 2-3): each rank's rows are those the
     single server gives, reweighting included (one call per server)."""
     _, tmp = shared
-    dirs = write_sources(tmp)
+    dirs = {name: tmp / "sources" / name for name in NAMES}  # as written (not again: see above)
     factory = ServerFactory(tmp_path)
     try:
         a = factory(
