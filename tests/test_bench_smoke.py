@@ -3,9 +3,12 @@ each row produces a number. Never a timed test: nothing here asserts a speed."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +26,9 @@ ROWS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "12", "13", "14", "15
 @pytest.mark.timeout(300)
 def test_quick_suite_gives_every_row_a_number(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
+    # Its own process group: a bench that overruns is killed with the servers it started,
+    # which would otherwise live on beside the rest of the suite.
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -38,13 +43,18 @@ def test_quick_suite_gives_every_row_a_number(tmp_path: Path) -> None:
         ],
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
+        start_new_session=True,
     )
-    assert proc.returncode == 0, (
-        f"python -m bench --quick failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
-    )
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left running, or all of it
+        proc.wait()
+    assert proc.returncode == 0, f"python -m bench --quick failed:\n{stdout}\n{stderr[-5000:]}"
     results = json.loads(out.read_text())["results"]
     assert {r["row"] for r in results} == set(ROWS)
     for r in results:
@@ -59,4 +69,4 @@ def test_quick_suite_gives_every_row_a_number(tmp_path: Path) -> None:
         if r["ref_value"] is not None:
             assert math.isfinite(r["ref_value"]) and r["ratio"] is not None, r
     for row in ROWS:  # the printed table names every row
-        assert f"\n{row}a " in proc.stdout
+        assert f"\n{row}a " in stdout
