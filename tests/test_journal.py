@@ -321,10 +321,12 @@ def test_a_clean_stop_leaves_exactly_the_journaled_files(start_server) -> None:
     seq = max(BatchFileName.parse(n).seq for n in journaled) + 1_000  # type: ignore[union-attr]
     stray = qdir / str(BatchFileName(1_000, seq, 2))
     stray.write_bytes(b"a batch file no journal record names")
-    cut_short = qdir / f".tmp-999999-0-{stray.name}"  # a write the stop cut short
+    cut_short = qdir / f".tmp-999999-0-{stray.name}"  # a write cut short, its writer gone
     cut_short.write_bytes(b"half a batch file")
     server.stop()
     left = sorted(p.name for p in qdir.iterdir())
     assert stray.name not in left, left
-    assert not [n for n in left if n.startswith(".tmp")], left  # temps of cut writes too
+    assert not [n for n in left if n.startswith(".tmp")], (
+        left
+    )  # dead writers' temps too (temp_sweep.py)
     assert set(journaled) <= set(left), (journaled, left)  # made meanwhile may be more

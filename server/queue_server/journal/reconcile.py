@@ -98,8 +98,7 @@ def remove_unjournaled(directory: Path, state: SplitState) -> int:
     delete the stop cut short), so that the directory is exactly the journal's view and the
     next start has nothing to clean up, even one that is then refused (a changed input).
     Returns how many it removed."""
-    remove_temp_files(directory)  # of files whose making the stop cut short
-    removed = 0
+    removed = 0  # temps of cut writes are temp_sweep.py's, once their writers are gone
     for name in scan_queue(directory):
         entry = state.files.get(name.seq)
         if entry is None or entry.name != str(name):
