@@ -37,6 +37,7 @@ from queue_providers import create
 from queue_providers.base import ProviderContext
 from queue_providers.mixture.sources import build_sources, source_meta
 from queue_providers.seeding import derive_seed
+from queue_server.mixture.epochs import record_epoch_starts
 from queue_server.testing import ServerProcess
 
 B, NB, T, MICRO = 2, 3, 16, 2  # batch size, batches per file, seq_len, micro_batch_size
@@ -333,13 +334,18 @@ def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path, caplog) ->
     sampler.set_meta(sampler.complete_meta())
     sampler.make_file("train", 5)
     assert not sampler.ordered_epochs and sampler.epoch_starts("train", 5) == []
-    # In a mixture: the worker that makes the row logs and records the epoch's start.
+    # In a mixture: the file holding the row names the epoch's start, and its publisher
+    # records and logs it, once, however often the file is made.
     mixture = create("mixture", context, {"sources": [{"name": "ts", "provider": "token_shards",
                                                         "weight": 1.0, "args": args}]})  # fmt: skip
     mixture.set_meta(mixture.complete_meta())
-    with caplog.at_level(logging.INFO, logger="queue_providers.mixture"):
-        for seq in range(8):
-            mixture.make_file("train", seq)
+    named = []
+    with caplog.at_level(logging.INFO, logger="queue_server.mixture"):
+        for seq in [*range(8), 3, 5]:
+            encoded = mixture.make_file("train", seq)
+            named += [(row, epoch) for _, epoch, row in encoded.epoch_starts]
+            record_epoch_starts(context.layout, "train", encoded)
+    assert sorted(set(named)) == starts
     logged = [r.getMessage() for r in caplog.records if "starts epoch" in r.getMessage()]
     assert (
         logged[0]

@@ -8,14 +8,15 @@ seq, the calls whose seq is <= s): any worker, process or machine makes the same
 
 With a streaming source (text_lm) the mixture streams too: its state, journaled with each
 file, holds each streaming source's place in its own stream (rows.py), so a file made again
-or a restarted worker makes the same bytes. A source's first row of a new epoch is logged
-by the worker whose file holds it, and recorded for the server's stats (mixture_epochs).
+or a restarted worker makes the same bytes. The file names each source epoch whose first row
+it holds (EncodedBatchFile.epoch_starts): the process that publishes it records and logs
+them (queue_server/mixture/epochs.py), on the data root's machine.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,14 +25,11 @@ from queue_client.batchfile import EncodedBatchFile, encode_batch_file
 from queue_client.errors import ConfigError, MetaError
 from queue_client.meta import split_schema
 from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
-from queue_client.mixture_epochs import record_epoch_start
 from queue_client.schema import check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.rows import source_rows
 from queue_providers.mixture.sources import build_sources, check_same_schema, source_meta
 from queue_providers.token_ids import check_ids
-
-log = logging.getLogger("queue_providers.mixture")
 
 SOURCE_FIELD = "source"
 STATE_VERSION = 1
@@ -179,6 +177,7 @@ class MixtureProvider(DataProviderBase):
         picks = torch.tensor(schedule.sources_of(first, first + per_file), dtype=torch.int64)
         before = schedule.counts(first)
         tensors: dict[str, torch.Tensor] = {}
+        starts: list[tuple[str, int, int]] = []  # source epochs whose first row is here
         for s, rows in enumerate(self._rows):
             where = (picks == s).nonzero().flatten()
             if where.numel() == 0:
@@ -191,7 +190,10 @@ class MixtureProvider(DataProviderBase):
                         (per_file, *values.shape[1:]), dtype=values.dtype
                     )
                 out[where] = values
-            self._epochs_reached(split, seq, s, before[s], before[s] + where.numel())
+            starts += [
+                (rows.name, epoch, row)
+                for row, epoch in rows.epoch_starts(split, before[s], before[s] + where.numel())
+            ]
         tensors = {n: v.reshape(k, b, *v.shape[1:]) for n, v in tensors.items()}
         tensors[SOURCE_FIELD] = picks.reshape(k, b)
         tensors = {f.name: tensors[f.name] for f in schema}
@@ -206,27 +208,6 @@ class MixtureProvider(DataProviderBase):
         }
         version = self.format_version
         stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
-        return encode_batch_file(seq=seq, tensors=stored, metadata=metadata, version=version)
-
-    def _epochs_reached(self, split: str, seq: int, source: int, start: int, stop: int) -> None:
-        """Record, and log the first time, each epoch that source's rows [start, stop) start
-        (this file holds them, so no other worker's file does; made again, it finds the
-        record and says nothing)."""
-        rows = self._rows[source]
-        for row, epoch in rows.epoch_starts(split, start, stop):
-            try:
-                if not record_epoch_start(self.context.layout, split, rows.name, epoch, row):
-                    continue
-            except OSError as exc:  # stats only: the file itself is fine
-                log.warning(
-                    "dataset %s: cannot record an epoch start: %s", self.context.dataset_name, exc
-                )
-            log.info(
-                "dataset %s split %s: source %s starts epoch %d (its row %d, in file seq %d)",
-                self.context.dataset_name,
-                split,
-                rows.name,
-                epoch,
-                row,
-                seq,
-            )
+        encoded = encode_batch_file(seq=seq, tensors=stored, metadata=metadata, version=version)
+        # This file holds those rows, so no other file names them; its publisher records them.
+        return replace(encoded, epoch_starts=tuple(starts))
