@@ -37,8 +37,9 @@ from queue_providers import create
 from queue_providers.base import ProviderContext
 from queue_providers.mixture.sources import build_sources, source_meta
 from queue_providers.seeding import derive_seed
+from queue_providers.train_bpe import train_bpe
 from queue_server.mixture.epochs import record_epoch_starts
-from queue_server.testing import ServerProcess
+from queue_server.testing import ServerExited, ServerProcess
 
 B, NB, T, MICRO = 2, 3, 16, 2  # batch size, batches per file, seq_len, micro_batch_size
 R = B * NB  # rows per file
@@ -354,3 +355,29 @@ def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path, caplog) ->
     assert len(logged) == len(starts)
     recorded = read_epoch_starts(context.layout.mixture_epochs_dir("train"))
     assert recorded == {"ts": {epoch: row for row, epoch in starts}}
+
+
+def test_text_lm_sources_with_different_tokenizers_are_refused_at_start(
+    start_server, tmp_path: Path
+) -> None:
+    """web names a BPE tokenizer, code the byte one: their ids are of two vocabularies, so the
+    start fails naming both sources and both tokenizers, and no snapshot is written."""
+    corpora = write_corpora(tmp_path)
+    tok = train_bpe([str(corpora["web"])], tmp_path / "bpe" / "tokenizer.json", vocab_size=280)
+    text = config(corpora).replace(
+        "[datasets.mix.sources.web.args]\n",
+        f"[datasets.mix.sources.web.args]\ntokenizer = {json.dumps(tok.as_posix())}\n",
+    )
+    root = tmp_path / "root"
+    try:
+        refused = start_server(text, data_root=root)
+    except ServerExited as exc:
+        message = str(exc)
+    else:
+        assert refused.wait_exit() == 2, refused.log_tail()
+        message = refused.log()
+    assert (
+        f"text_lm sources 'web' (tokenizer 'hf {tok.as_posix()}') and 'code' (tokenizer "
+        "'byte') use different tokenizers" in " ".join(message.split())
+    ), message
+    assert not (root / "mix" / "tokenizer").exists()

@@ -29,6 +29,7 @@ from queue_client.schema import check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.rows import source_rows
 from queue_providers.mixture.sources import build_sources, check_same_schema, source_meta
+from queue_providers.mixture.tokenizers import check_one_tokenizer
 from queue_providers.token_ids import check_ids
 
 SOURCE_FIELD = "source"
@@ -63,6 +64,7 @@ class MixtureProvider(DataProviderBase):
         self.schedule = [(float(x), [float(w) for w in ws]) for x, ws in schedule]
         self.schedule_unit = schedule_unit
         self._providers = build_sources(context, sources)
+        check_one_tokenizer(self.names, self._providers, f"datasets.{context.dataset_name}.sources")
         self._rows = [source_rows(p, n) for p, n in zip(self._providers, self.names, strict=True)]
         self._changes: dict[str, list] = {}
         self._schedules = ScheduleCache()
