@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.mixture_reads import read_positioned
 
 from conftest import ServerFactory, wait_until
 from queue_client import InvalidRequest, QueueClient
@@ -107,21 +108,7 @@ def schedule(
 
 
 def read(client: QueueClient, n: int) -> list[dict[str, Any]]:
-    """n batches, each with its position (seq, offset in rows) from the state before it."""
-    out = []
-    for _ in range(n):
-        # Before its first batch a fresh client's stream starts at file `rank`.
-        state = client.state_dict()["splits"].get("train") or {"seq": client.world.rank}
-        batch = client.get_batch("train")
-        out.append(
-            {
-                "seq": state["seq"],
-                "offset": state.get("offset", 0),
-                "x": batch["x"].clone(),
-                "source": batch["source"].clone(),
-            }
-        )
-    return out
+    return read_positioned(client, n, "x")
 
 
 def check_rows(batches: list[dict[str, Any]], sched: RowSchedule, ref: Reference) -> dict:

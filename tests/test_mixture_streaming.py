@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.mixture_reads import read_positioned
 
 from conftest import SUPPORT, ServerFactory, wait_until
 from queue_client import QueueClient
@@ -152,11 +153,11 @@ def check_rows(batches: list[dict[str, Any]], own: OwnStreams) -> dict[int, int]
         counts = sched.counts(first)
         for i, s in enumerate(expected):
             letters = {
-                chr(c) for c in b["ids"][i].flatten().tolist() if c < 128 and chr(c).isalnum()
+                chr(c) for c in b["input_ids"][i].flatten().tolist() if c < 128 and chr(c).isalnum()
             }
             assert letters <= set(LETTERS[NAMES[s]]), (first + i, s)
             want = own.rows(s, counts[s] + 1)[counts[s]]
-            assert torch.equal(b["ids"][i], want), (
+            assert torch.equal(b["input_ids"][i], want), (
                 f"row {first + i}: not {NAMES[s]}'s row {counts[s]}"
             )
             counts[s] += 1
@@ -166,19 +167,7 @@ def check_rows(batches: list[dict[str, Any]], own: OwnStreams) -> dict[int, int]
 
 
 def read_ids(client: QueueClient, n: int) -> list[dict[str, Any]]:
-    out = []
-    for _ in range(n):
-        state = client.state_dict()["splits"].get("train") or {"seq": client.world.rank}
-        batch = client.get_batch("train")
-        out.append(
-            {
-                "seq": state["seq"],
-                "offset": state.get("offset", 0),
-                "ids": batch["input_ids"].clone(),
-                "source": batch["source"].clone(),
-            }
-        )
-    return out
+    return read_positioned(client, n, "input_ids")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -215,7 +204,7 @@ def test_each_streaming_source_serves_its_own_stream_with_two_workers(shared, se
     seen = check_rows(served, own)
     assert sorted(seen) == list(range(40 * R))
     assert len(server.split_stats("mix")["worker_pids"]) == 2
-    code = torch.cat([b["ids"][b["source"] == 1] for b in served])
+    code = torch.cat([b["input_ids"][b["source"] == 1] for b in served])
     with QueueClient(server.address, "alone") as client:
         alone = torch.cat([client.get_batch("train")["input_ids"] for _ in range(len(code) // B)])
     assert torch.equal(code[: len(alone)], alone)
