@@ -166,7 +166,7 @@ def test_counts_stay_within_one_row_of_the_weights_at_every_prefix(shared, refer
     assert counts == [5000, 3000, 2000]
 
 
-def test_a_weight_change_lands_on_the_same_row_for_every_rank(shared, reference) -> None:
+def test_a_weight_change_lands_on_the_same_row_for_every_rank(shared, reference, capsys) -> None:
     """4 ranks step in lockstep; each calls set_mixture at step 7: all get the same seq, and
     every rank's rows follow the new weights from exactly that file on."""
     server, _ = shared
@@ -196,6 +196,10 @@ def test_a_weight_change_lands_on_the_same_row_for_every_rank(shared, reference)
     mix = next(s for s in stats if s["split"] == "train")["mixture"]
     assert [h["origin"] for h in mix["history"]] == ["config"] + ["SetMixture"] * 4
     assert {int(h["effective_seq"]) for h in mix["history"][1:]} == {at}
+    assert cli_main(["stats", "--address", server.address, "ranks"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # lines may wrap at the terminal's width
+    assert "weight history (4 change(s) after the config's):" in out, out
+    assert f"from seq {at} (SetMixture): web 0.1, code 0.1, math 0.8" in out, out
 
 
 def test_sigkill_and_resume_at_another_world_size_continue_every_source(

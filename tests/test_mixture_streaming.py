@@ -244,6 +244,9 @@ def test_a_source_that_wraps_starts_its_next_epoch_and_says_so(shared, served, c
     want = max((k for k, row in logged.items() if row < code_rows), default=0)
     by_name = {s["name"]: s for s in mix["sources"]}
     assert want >= 1 and float(by_name["code"]["epochs"]) == want
+    # A row's tokens are its token field's (MICRO windows of T), as the split counts them.
+    tokens = [int(s["tokens_served"]) for s in mix["sources"]]
+    assert sum(tokens) == int(mix["rows_served"]) * MICRO * T == int(stats["tokens_served"])
     assert float(by_name["web"]["epochs"]) == 0
     assert cli_main(["stats", "--address", server.address, "mix"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # lines may wrap at the terminal's width

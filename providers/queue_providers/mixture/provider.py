@@ -23,7 +23,7 @@ import torch
 
 from queue_client.batchfile import EncodedBatchFile, encode_batch_file
 from queue_client.errors import ConfigError, MetaError
-from queue_client.meta import split_schema
+from queue_client.meta import split_schema, token_field
 from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
 from queue_client.schema import check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
@@ -68,7 +68,7 @@ class MixtureProvider(DataProviderBase):
         self._rows = [source_rows(p, n) for p, n in zip(self._providers, self.names, strict=True)]
         self._changes: dict[str, list] = {}
         self._schedules = ScheduleCache()
-        self._tokens_per_row = 1
+        self._tokens_per_row: dict[str, int] = {}  # by split: the token field's positions
 
     @property
     def rows_per_file(self) -> int:
@@ -110,8 +110,9 @@ class MixtureProvider(DataProviderBase):
         super().set_meta(meta)
         for provider, sub in zip(self._providers, meta["mixture"]["source_meta"], strict=True):
             provider.set_meta(sub)
-        block = meta.get("block_size")
-        self._tokens_per_row = block if isinstance(block, int) and block > 0 else 1
+        # A schedule point's tokens count each row's token field: x's block_size, or
+        # text_lm's micro_batch_size x seq_len (the server's stats count the same).
+        self._tokens_per_row = {s: max(1, token_field(meta, s)[1]) for s in meta["split_info"]}
         # The sources' streams start over with their meta: so does the bookkeeping of them.
         self._rows = [source_rows(p, n) for p, n in zip(self._providers, self.names, strict=True)]
 
@@ -147,23 +148,22 @@ class MixtureProvider(DataProviderBase):
             rows.load(split, state["sources"][rows.name])
 
     # ---- weights ------------------------------------------------------------------------
-    @property
-    def plan(self) -> WeightPlan:
+    def plan(self, split: str = "") -> WeightPlan:
         return WeightPlan(
             tuple(self.names),
             tuple(self.weights),
             tuple((int(x), tuple(w)) for x, w in self.schedule),
             self.rows_per_file,
-            self._tokens_per_row,
+            self._tokens_per_row.get(split, 1),
         )
 
     def set_weight_changes(self, split: str, changes: Sequence[Sequence[Any]]) -> None:
         """The journaled SetMixture calls of `split`, in call order: [first seq, {name: weight}
         or None for "back to the config"]."""
-        self._changes[split] = self.plan.by_name([(int(at), w) for at, w in changes])
+        self._changes[split] = self.plan().by_name([(int(at), w) for at, w in changes])
 
     def row_schedule(self, split: str) -> RowSchedule:
-        return self._schedules.get(self.plan.segments(self._changes.get(split, [])))
+        return self._schedules.get(self.plan(split).segments(self._changes.get(split, [])))
 
     # ---- files --------------------------------------------------------------------------
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
