@@ -101,3 +101,36 @@ def test_sources_of_different_batches_are_refused_naming_the_difference(tmp_path
     meta = MixtureProvider(context, sources=[source("a", 8), source("b", 8)]).build_meta()
     assert [f["name"] for f in meta["batch_schema"]] == ["x", "y", "source"]
     assert meta["mixture"]["sources"] == ["a", "b"]
+
+
+def test_text_lm_sources_share_one_tokenizer(tmp_path: Path) -> None:
+    """The same tokenizer file at two paths is one tokenizer; another file, another kind, or
+    'char' (a vocabulary of its own corpus) beside another text_lm source is refused."""
+    from queue_providers.train_bpe import train_bpe
+
+    corpus = tmp_path / "t.txt"
+    corpus.write_text("hello world, the queue serves\n\n" * 50, encoding="utf-8")
+    tok = train_bpe([str(corpus)], tmp_path / "a" / "tokenizer.json", vocab_size=270)
+    copy = tmp_path / "b" / "tokenizer.json"
+    copy.parent.mkdir()
+    copy.write_bytes(tok.read_bytes())
+    other = train_bpe([str(corpus)], tmp_path / "c" / "tokenizer.json", vocab_size=280)
+    context = ProviderContext("mix", tmp_path / "mix", batch_size=2, batches_per_file=2)
+
+    def mix(a: str, b: str) -> MixtureProvider:
+        args = {"source": str(corpus), "seq_len": 8, "micro_batch_size": 2, "separator": ""}
+        sources = [
+            {"name": "web", "provider": "text_lm", "weight": 1.0, "args": args | {"tokenizer": a}},
+            {"name": "code", "provider": "text_lm", "weight": 1.0, "args": args | {"tokenizer": b}},
+        ]
+        return MixtureProvider(context, sources=sources)
+
+    assert mix(str(tok), str(copy)).streams  # same bytes: one tokenizer
+    assert mix("byte", "byte").streams
+    with pytest.raises(ConfigError, match=r"'web' \(tokenizer 'hf .*a/tokenizer.json'\) and "
+                       r"'code' \(tokenizer 'hf .*c/tokenizer.json'\) use different"):  # fmt: skip
+        mix(str(tok), str(other))
+    with pytest.raises(ConfigError, match=r"'code' \(tokenizer 'byte'\) use different"):
+        mix(str(tok), "byte")
+    with pytest.raises(ConfigError, match=r"source 'web' has tokenizer 'char'.*\['code'\]"):
+        mix("char", "char")

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.mixture_reads import read_positioned
 
 from conftest import ServerFactory, wait_until
 from queue_client import InvalidRequest, QueueClient
@@ -107,21 +108,7 @@ def schedule(
 
 
 def read(client: QueueClient, n: int) -> list[dict[str, Any]]:
-    """n batches, each with its position (seq, offset in rows) from the state before it."""
-    out = []
-    for _ in range(n):
-        # Before its first batch a fresh client's stream starts at file `rank`.
-        state = client.state_dict()["splits"].get("train") or {"seq": client.world.rank}
-        batch = client.get_batch("train")
-        out.append(
-            {
-                "seq": state["seq"],
-                "offset": state.get("offset", 0),
-                "x": batch["x"].clone(),
-                "source": batch["source"].clone(),
-            }
-        )
-    return out
+    return read_positioned(client, n, "x")
 
 
 def check_rows(batches: list[dict[str, Any]], sched: RowSchedule, ref: Reference) -> dict:
@@ -179,7 +166,7 @@ def test_counts_stay_within_one_row_of_the_weights_at_every_prefix(shared, refer
     assert counts == [5000, 3000, 2000]
 
 
-def test_a_weight_change_lands_on_the_same_row_for_every_rank(shared, reference) -> None:
+def test_a_weight_change_lands_on_the_same_row_for_every_rank(shared, reference, capsys) -> None:
     """4 ranks step in lockstep; each calls set_mixture at step 7: all get the same seq, and
     every rank's rows follow the new weights from exactly that file on."""
     server, _ = shared
@@ -209,6 +196,10 @@ def test_a_weight_change_lands_on_the_same_row_for_every_rank(shared, reference)
     mix = next(s for s in stats if s["split"] == "train")["mixture"]
     assert [h["origin"] for h in mix["history"]] == ["config"] + ["SetMixture"] * 4
     assert {int(h["effective_seq"]) for h in mix["history"][1:]} == {at}
+    assert cli_main(["stats", "--address", server.address, "ranks"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # lines may wrap at the terminal's width
+    assert "weight history (4 change(s) after the config's):" in out, out
+    assert f"from seq {at} (SetMixture): web 0.1, code 0.1, math 0.8" in out, out
 
 
 def test_sigkill_and_resume_at_another_world_size_continue_every_source(

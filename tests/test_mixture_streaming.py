@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.mixture_reads import read_positioned
 
 from conftest import SUPPORT, ServerFactory, wait_until
 from queue_client import QueueClient
@@ -37,7 +38,9 @@ from queue_providers import create
 from queue_providers.base import ProviderContext
 from queue_providers.mixture.sources import build_sources, source_meta
 from queue_providers.seeding import derive_seed
-from queue_server.testing import ServerProcess
+from queue_providers.train_bpe import train_bpe
+from queue_server.mixture.epochs import record_epoch_starts
+from queue_server.testing import ServerExited, ServerProcess
 
 B, NB, T, MICRO = 2, 3, 16, 2  # batch size, batches per file, seq_len, micro_batch_size
 R = B * NB  # rows per file
@@ -150,11 +153,11 @@ def check_rows(batches: list[dict[str, Any]], own: OwnStreams) -> dict[int, int]
         counts = sched.counts(first)
         for i, s in enumerate(expected):
             letters = {
-                chr(c) for c in b["ids"][i].flatten().tolist() if c < 128 and chr(c).isalnum()
+                chr(c) for c in b["input_ids"][i].flatten().tolist() if c < 128 and chr(c).isalnum()
             }
             assert letters <= set(LETTERS[NAMES[s]]), (first + i, s)
             want = own.rows(s, counts[s] + 1)[counts[s]]
-            assert torch.equal(b["ids"][i], want), (
+            assert torch.equal(b["input_ids"][i], want), (
                 f"row {first + i}: not {NAMES[s]}'s row {counts[s]}"
             )
             counts[s] += 1
@@ -164,19 +167,7 @@ def check_rows(batches: list[dict[str, Any]], own: OwnStreams) -> dict[int, int]
 
 
 def read_ids(client: QueueClient, n: int) -> list[dict[str, Any]]:
-    out = []
-    for _ in range(n):
-        state = client.state_dict()["splits"].get("train") or {"seq": client.world.rank}
-        batch = client.get_batch("train")
-        out.append(
-            {
-                "seq": state["seq"],
-                "offset": state.get("offset", 0),
-                "ids": batch["input_ids"].clone(),
-                "source": batch["source"].clone(),
-            }
-        )
-    return out
+    return read_positioned(client, n, "input_ids")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -213,7 +204,7 @@ def test_each_streaming_source_serves_its_own_stream_with_two_workers(shared, se
     seen = check_rows(served, own)
     assert sorted(seen) == list(range(40 * R))
     assert len(server.split_stats("mix")["worker_pids"]) == 2
-    code = torch.cat([b["ids"][b["source"] == 1] for b in served])
+    code = torch.cat([b["input_ids"][b["source"] == 1] for b in served])
     with QueueClient(server.address, "alone") as client:
         alone = torch.cat([client.get_batch("train")["input_ids"] for _ in range(len(code) // B)])
     assert torch.equal(code[: len(alone)], alone)
@@ -253,6 +244,9 @@ def test_a_source_that_wraps_starts_its_next_epoch_and_says_so(shared, served, c
     want = max((k for k, row in logged.items() if row < code_rows), default=0)
     by_name = {s["name"]: s for s in mix["sources"]}
     assert want >= 1 and float(by_name["code"]["epochs"]) == want
+    # A row's tokens are its token field's (MICRO windows of T), as the split counts them.
+    tokens = [int(s["tokens_served"]) for s in mix["sources"]]
+    assert sum(tokens) == int(mix["rows_served"]) * MICRO * T == int(stats["tokens_served"])
     assert float(by_name["web"]["epochs"]) == 0
     assert cli_main(["stats", "--address", server.address, "mix"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # lines may wrap at the terminal's width
@@ -333,13 +327,18 @@ def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path, caplog) ->
     sampler.set_meta(sampler.complete_meta())
     sampler.make_file("train", 5)
     assert not sampler.ordered_epochs and sampler.epoch_starts("train", 5) == []
-    # In a mixture: the worker that makes the row logs and records the epoch's start.
+    # In a mixture: the file holding the row names the epoch's start, and its publisher
+    # records and logs it, once, however often the file is made.
     mixture = create("mixture", context, {"sources": [{"name": "ts", "provider": "token_shards",
                                                         "weight": 1.0, "args": args}]})  # fmt: skip
     mixture.set_meta(mixture.complete_meta())
-    with caplog.at_level(logging.INFO, logger="queue_providers.mixture"):
-        for seq in range(8):
-            mixture.make_file("train", seq)
+    named = []
+    with caplog.at_level(logging.INFO, logger="queue_server.mixture"):
+        for seq in [*range(8), 3, 5]:
+            encoded = mixture.make_file("train", seq)
+            named += [(row, epoch) for _, epoch, row in encoded.epoch_starts]
+            record_epoch_starts(context.layout, "train", encoded)
+    assert sorted(set(named)) == starts
     logged = [r.getMessage() for r in caplog.records if "starts epoch" in r.getMessage()]
     assert (
         logged[0]
@@ -348,3 +347,29 @@ def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path, caplog) ->
     assert len(logged) == len(starts)
     recorded = read_epoch_starts(context.layout.mixture_epochs_dir("train"))
     assert recorded == {"ts": {epoch: row for row, epoch in starts}}
+
+
+def test_text_lm_sources_with_different_tokenizers_are_refused_at_start(
+    start_server, tmp_path: Path
+) -> None:
+    """web names a BPE tokenizer, code the byte one: their ids are of two vocabularies, so the
+    start fails naming both sources and both tokenizers, and no snapshot is written."""
+    corpora = write_corpora(tmp_path)
+    tok = train_bpe([str(corpora["web"])], tmp_path / "bpe" / "tokenizer.json", vocab_size=280)
+    text = config(corpora).replace(
+        "[datasets.mix.sources.web.args]\n",
+        f"[datasets.mix.sources.web.args]\ntokenizer = {json.dumps(tok.as_posix())}\n",
+    )
+    root = tmp_path / "root"
+    try:
+        refused = start_server(text, data_root=root)
+    except ServerExited as exc:
+        message = str(exc)
+    else:
+        assert refused.wait_exit() == 2, refused.log_tail()
+        message = refused.log()
+    assert (
+        f"text_lm sources 'web' (tokenizer 'hf {tok.as_posix()}') and 'code' (tokenizer "
+        "'byte') use different tokenizers" in " ".join(message.split())
+    ), message
+    assert not (root / "mix" / "tokenizer").exists()

@@ -114,6 +114,10 @@ class EncodedBatchFile:
     num_batches: int
     data: bytes
     crc32: int
+    # (source, epoch, row): each epoch of a mixture source whose first row (the source's row
+    # `row`) is in this file. Not in the bytes: whoever publishes the file records them
+    # (queue_server/mixture/epochs.py), on the data root's machine.
+    epoch_starts: tuple[tuple[str, int, int], ...] = ()
 
 
 def encode_batch_file(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import pickle
 from collections.abc import Mapping
 from enum import Enum
@@ -200,6 +201,22 @@ def split_schema(meta: Mapping[str, Any], split: str) -> tuple[FieldSpec, ...]:
     info = meta.get("split_info", {}).get(split, {})
     raw = info.get("batch_schema") if isinstance(info, dict) else None
     return parse_schema(raw if raw is not None else meta["batch_schema"])
+
+
+def token_field(meta: Mapping[str, Any], split: str) -> tuple[str, int]:
+    """(the field whose positions count as a sample's tokens, its positions per sample):
+    meta's token_field, else "x", else "input_ids", else the first input field, padding
+    included. Raises MetaError (or KeyError) for a meta without a usable schema."""
+    schema = split_schema(meta, split)
+    by_name = {f.name: f for f in schema}
+    wanted = meta.get("token_field")
+    for name in (wanted, "x", "input_ids"):
+        if isinstance(name, str) and name in by_name:
+            spec = by_name[name]
+            break
+    else:
+        spec = next((f for f in schema if f.role == "input"), schema[0])
+    return spec.name, math.prod(spec.shape)
 
 
 def _encode(value: Any) -> Any:

@@ -297,6 +297,10 @@ class ScheduleCache:
         return found
 
 
+# The latest weight changes `queue-client stats` lists (--json gives them all).
+HISTORY_SHOWN = 5
+
+
 def describe_stats(split: str, stats: Mapping[str, object]) -> list[str]:
     """`queue-client stats` lines for a mixture split's stats (GetStats, as a dict)."""
     lines = [f"{split}: mixture over {int(stats.get('rows_served', 0))} rows served"]  # type: ignore[call-overload]
@@ -310,7 +314,17 @@ def describe_stats(split: str, stats: Mapping[str, object]) -> list[str]:
             f"{int(s.get('rows_served', 0))} rows, {int(s.get('tokens_served', 0))} tokens"
             + (f", {float(epochs):.3f} epochs" if epochs is not None else "")
         )
-    changes = len(stats.get("history", ())) - 1  # type: ignore[arg-type]
-    if changes > 0:
-        lines.append(f"  {changes} weight change(s) after the config's weights")
+    names = [str(s.get("name")) for s in stats.get("sources", ())]  # type: ignore[attr-defined]
+    history = list(stats.get("history", ()))  # type: ignore[call-overload]
+    if len(history) > 1:
+        lines.append(f"  weight history ({len(history) - 1} change(s) after the config's):")
+        if len(history) > HISTORY_SHOWN:
+            lines.append(f"    ... {len(history) - HISTORY_SHOWN} earlier")
+        for h in history[-HISTORY_SHOWN:]:
+            weights = h.get("weights") or []
+            shown = ", ".join(f"{n} {float(w):g}" for n, w in zip(names, weights, strict=False))
+            lines.append(
+                f"    from seq {int(h.get('effective_seq', 0))} ({h.get('origin')}): "
+                + (shown or "back to the config's")
+            )
     return lines

@@ -1,8 +1,8 @@
 """Where a mixture source's epochs start: the record's writer and reader (its name is
 layout.py's: DatasetLayout.mixture_epoch_start_file).
 
-The worker that makes the mixture file holding a source's first row of an epoch (past the
-first) creates an empty file `<source>.epoch<E>.row<P>` in `stats/<split>.epochs/` of the
+The process that publishes the mixture file holding a source's first row of an epoch (past
+the first; the file names it, EncodedBatchFile.epoch_starts) creates an empty file `<source>.epoch<E>.row<P>` in `stats/<split>.epochs/` of the
 dataset dir: the source's row P (in its own stream) starts its epoch E. The server counts a
 source's epochs from them (GetStats `epochs`). A row's epoch is a fact of the source's own
 stream, the same whoever makes the file and however often, so the record needs no journal:

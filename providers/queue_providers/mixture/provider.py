@@ -8,30 +8,29 @@ seq, the calls whose seq is <= s): any worker, process or machine makes the same
 
 With a streaming source (text_lm) the mixture streams too: its state, journaled with each
 file, holds each streaming source's place in its own stream (rows.py), so a file made again
-or a restarted worker makes the same bytes. A source's first row of a new epoch is logged
-by the worker whose file holds it, and recorded for the server's stats (mixture_epochs).
+or a restarted worker makes the same bytes. The file names each source epoch whose first row
+it holds (EncodedBatchFile.epoch_starts): the process that publishes it records and logs
+them (queue_server/mixture/epochs.py), on the data root's machine.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from queue_client.batchfile import EncodedBatchFile, encode_batch_file
 from queue_client.errors import ConfigError, MetaError
-from queue_client.meta import split_schema
+from queue_client.meta import split_schema, token_field
 from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
-from queue_client.mixture_epochs import record_epoch_start
 from queue_client.schema import check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.rows import source_rows
 from queue_providers.mixture.sources import build_sources, check_same_schema, source_meta
+from queue_providers.mixture.tokenizers import check_one_tokenizer
 from queue_providers.token_ids import check_ids
-
-log = logging.getLogger("queue_providers.mixture")
 
 SOURCE_FIELD = "source"
 STATE_VERSION = 1
@@ -65,10 +64,11 @@ class MixtureProvider(DataProviderBase):
         self.schedule = [(float(x), [float(w) for w in ws]) for x, ws in schedule]
         self.schedule_unit = schedule_unit
         self._providers = build_sources(context, sources)
+        check_one_tokenizer(self.names, self._providers, f"datasets.{context.dataset_name}.sources")
         self._rows = [source_rows(p, n) for p, n in zip(self._providers, self.names, strict=True)]
         self._changes: dict[str, list] = {}
         self._schedules = ScheduleCache()
-        self._tokens_per_row = 1
+        self._tokens_per_row: dict[str, int] = {}  # by split: the token field's positions
 
     @property
     def rows_per_file(self) -> int:
@@ -110,8 +110,9 @@ class MixtureProvider(DataProviderBase):
         super().set_meta(meta)
         for provider, sub in zip(self._providers, meta["mixture"]["source_meta"], strict=True):
             provider.set_meta(sub)
-        block = meta.get("block_size")
-        self._tokens_per_row = block if isinstance(block, int) and block > 0 else 1
+        # A schedule point's tokens count each row's token field: x's block_size, or
+        # text_lm's micro_batch_size x seq_len (the server's stats count the same).
+        self._tokens_per_row = {s: max(1, token_field(meta, s)[1]) for s in meta["split_info"]}
         # The sources' streams start over with their meta: so does the bookkeeping of them.
         self._rows = [source_rows(p, n) for p, n in zip(self._providers, self.names, strict=True)]
 
@@ -147,23 +148,22 @@ class MixtureProvider(DataProviderBase):
             rows.load(split, state["sources"][rows.name])
 
     # ---- weights ------------------------------------------------------------------------
-    @property
-    def plan(self) -> WeightPlan:
+    def plan(self, split: str = "") -> WeightPlan:
         return WeightPlan(
             tuple(self.names),
             tuple(self.weights),
             tuple((int(x), tuple(w)) for x, w in self.schedule),
             self.rows_per_file,
-            self._tokens_per_row,
+            self._tokens_per_row.get(split, 1),
         )
 
     def set_weight_changes(self, split: str, changes: Sequence[Sequence[Any]]) -> None:
         """The journaled SetMixture calls of `split`, in call order: [first seq, {name: weight}
         or None for "back to the config"]."""
-        self._changes[split] = self.plan.by_name([(int(at), w) for at, w in changes])
+        self._changes[split] = self.plan().by_name([(int(at), w) for at, w in changes])
 
     def row_schedule(self, split: str) -> RowSchedule:
-        return self._schedules.get(self.plan.segments(self._changes.get(split, [])))
+        return self._schedules.get(self.plan(split).segments(self._changes.get(split, [])))
 
     # ---- files --------------------------------------------------------------------------
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
@@ -179,6 +179,7 @@ class MixtureProvider(DataProviderBase):
         picks = torch.tensor(schedule.sources_of(first, first + per_file), dtype=torch.int64)
         before = schedule.counts(first)
         tensors: dict[str, torch.Tensor] = {}
+        starts: list[tuple[str, int, int]] = []  # source epochs whose first row is here
         for s, rows in enumerate(self._rows):
             where = (picks == s).nonzero().flatten()
             if where.numel() == 0:
@@ -191,7 +192,10 @@ class MixtureProvider(DataProviderBase):
                         (per_file, *values.shape[1:]), dtype=values.dtype
                     )
                 out[where] = values
-            self._epochs_reached(split, seq, s, before[s], before[s] + where.numel())
+            starts += [
+                (rows.name, epoch, row)
+                for row, epoch in rows.epoch_starts(split, before[s], before[s] + where.numel())
+            ]
         tensors = {n: v.reshape(k, b, *v.shape[1:]) for n, v in tensors.items()}
         tensors[SOURCE_FIELD] = picks.reshape(k, b)
         tensors = {f.name: tensors[f.name] for f in schema}
@@ -206,27 +210,6 @@ class MixtureProvider(DataProviderBase):
         }
         version = self.format_version
         stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
-        return encode_batch_file(seq=seq, tensors=stored, metadata=metadata, version=version)
-
-    def _epochs_reached(self, split: str, seq: int, source: int, start: int, stop: int) -> None:
-        """Record, and log the first time, each epoch that source's rows [start, stop) start
-        (this file holds them, so no other worker's file does; made again, it finds the
-        record and says nothing)."""
-        rows = self._rows[source]
-        for row, epoch in rows.epoch_starts(split, start, stop):
-            try:
-                if not record_epoch_start(self.context.layout, split, rows.name, epoch, row):
-                    continue
-            except OSError as exc:  # stats only: the file itself is fine
-                log.warning(
-                    "dataset %s: cannot record an epoch start: %s", self.context.dataset_name, exc
-                )
-            log.info(
-                "dataset %s split %s: source %s starts epoch %d (its row %d, in file seq %d)",
-                self.context.dataset_name,
-                split,
-                rows.name,
-                epoch,
-                row,
-                seq,
-            )
+        encoded = encode_batch_file(seq=seq, tensors=stored, metadata=metadata, version=version)
+        # This file holds those rows, so no other file names them; its publisher records them.
+        return replace(encoded, epoch_starts=tuple(starts))

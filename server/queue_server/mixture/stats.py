@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from queue_client.meta import token_field
 from queue_client.mixture import DENOMINATOR, ScheduleCache, WeightPlan
 from queue_client.mixture_epochs import epoch_at, read_epoch_starts
 
@@ -37,8 +38,9 @@ class MixtureView:
     ) -> None:
         sources = list(args["sources"])
         self.names = tuple(s["name"] for s in sources)
-        block = meta.get("block_size")
-        self.tokens_per_row = block if isinstance(block, int) and block > 0 else 1
+        # The token field's positions per row, as the split's own tokens_served counts them
+        # (and the workers count a schedule point's tokens).
+        self.tokens_per_row = max(1, token_field(meta, split)[1])
         self.plan = WeightPlan(
             self.names,
             tuple(float(s["weight"]) for s in sources),

@@ -51,6 +51,9 @@ class Made:
     crc32: int
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
+    # A mixture's source epochs that start in the file: the server records them, since
+    # this node may not share its filesystem (EncodedBatchFile.epoch_starts).
+    epoch_starts: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class ProviderActor:
                 encoded.crc32,
                 before,
                 after,
+                encoded.epoch_starts,
             )
         except Exception as exc:
             return self._failed(exc)

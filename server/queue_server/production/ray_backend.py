@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.batchfile import EncodedBatchFile, publish_batch_file
+from queue_client.layout import DatasetLayout
+from queue_server.mixture.epochs import record_epoch_starts
 from queue_server.production.backend import (
     ProducedFile,
     ProduceFailed,
@@ -172,9 +174,14 @@ class RayBackend(ProductionBackend):
         if isinstance(reply, Failed):
             raise ProduceFailed(reply.message, reply.errno, reply.kind)
         assert isinstance(reply, Made)
+        encoded = EncodedBatchFile(
+            reply.seq, reply.num_batches, reply.data, reply.crc32, reply.epoch_starts
+        )
+        if encoded.epoch_starts:  # recorded here, on the data root's machine, advance or not
+            layout = DatasetLayout(Path(self._init["data_root"]), self._init["dataset"])
+            await asyncio.to_thread(record_epoch_starts, layout, self.split, encoded)
         if not job.publish:  # an advance: the stream moved past seq; nothing is written
             return ProducedFile(job.seq, "", 0, 0, reply.before, reply.after)
-        encoded = EncodedBatchFile(reply.seq, reply.num_batches, reply.data, reply.crc32)
         try:
             published = await asyncio.to_thread(publish_batch_file, self.directory, encoded)
         except OSError as exc:  # a disk problem here, not a broken provider

@@ -8,13 +8,12 @@ epoch is the split's size in meta's split_info: "tokens", else "examples" or "se
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from queue_client.errors import MetaError
-from queue_client.meta import split_schema
+from queue_client.meta import token_field
 
 # split_info keys that give a split's size, in the order they are looked for, with the unit.
 EPOCH_KEYS = (("tokens", "tokens"), ("examples", "samples"), ("sentences", "samples"))
@@ -32,20 +31,6 @@ class SplitUnits:
     def per_file(self) -> int:
         """Epoch units (tokens or samples) in one file."""
         return self.tokens_per_file if self.epoch_unit == "tokens" else self.samples_per_file
-
-
-def token_field(meta: Mapping[str, Any], split: str) -> tuple[str, int]:
-    """(the field whose positions count as tokens, its positions per sample)."""
-    schema = split_schema(meta, split)
-    by_name = {f.name: f for f in schema}
-    wanted = meta.get("token_field")
-    for name in (wanted, "x", "input_ids"):
-        if isinstance(name, str) and name in by_name:
-            spec = by_name[name]
-            break
-    else:
-        spec = next((f for f in schema if f.role == "input"), schema[0])
-    return spec.name, math.prod(spec.shape)
 
 
 def split_units(
