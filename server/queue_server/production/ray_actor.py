@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from queue_client.batchfile import EncodedBatchFile
 from queue_client.meta import meta_from_json
 from queue_providers import DataProviderBase
 from queue_server.production.provider_init import (
@@ -54,6 +55,12 @@ class Made:
     # A mixture's source epochs that start in the file: the server records them, since
     # this node may not share its filesystem (EncodedBatchFile.epoch_starts).
     epoch_starts: tuple[tuple[str, int, int], ...] = ()
+
+    def encoded(self) -> EncodedBatchFile:
+        """The file as the publishing side takes it."""
+        return EncodedBatchFile(
+            self.seq, self.num_batches, self.data, self.crc32, self.epoch_starts
+        )
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from queue_client.batchfile import EncodedBatchFile, publish_batch_file
+from queue_client.batchfile import publish_batch_file
 from queue_client.layout import DatasetLayout
 from queue_server.mixture.epochs import record_epoch_starts
 from queue_server.production.backend import (
@@ -174,9 +174,7 @@ class RayBackend(ProductionBackend):
         if isinstance(reply, Failed):
             raise ProduceFailed(reply.message, reply.errno, reply.kind)
         assert isinstance(reply, Made)
-        encoded = EncodedBatchFile(
-            reply.seq, reply.num_batches, reply.data, reply.crc32, reply.epoch_starts
-        )
+        encoded = reply.encoded()
         if encoded.epoch_starts:  # recorded here, on the data root's machine, advance or not
             layout = DatasetLayout(Path(self._init["data_root"]), self._init["dataset"])
             await asyncio.to_thread(record_epoch_starts, layout, self.split, encoded)
