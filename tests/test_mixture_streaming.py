@@ -337,7 +337,7 @@ def test_token_shards_reports_where_each_epoch_starts(tmp_path: Path, caplog) ->
         for seq in [*range(8), 3, 5]:
             encoded = mixture.make_file("train", seq)
             named += [(row, epoch) for _, epoch, row in encoded.epoch_starts]
-            record_epoch_starts(context.layout, "train", encoded)
+            record_epoch_starts(context.layout, "train", encoded.seq, encoded.epoch_starts)
     assert sorted(set(named)) == starts
     logged = [r.getMessage() for r in caplog.records if "starts epoch" in r.getMessage()]
     assert (

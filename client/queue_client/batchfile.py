@@ -103,6 +103,7 @@ class PublishedFile:
     name: BatchFileName
     size_bytes: int
     crc32: int
+    epoch_starts: tuple[tuple[str, int, int], ...] = ()  # EncodedBatchFile's, passed on
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def publish_batch_file(directory: Path, encoded: EncodedBatchFile) -> PublishedF
     """Write an encoded file into `directory` atomically under its published name."""
     name = BatchFileName(int(time.time() * 1000), encoded.seq, encoded.num_batches)
     atomic_write(Path(directory) / str(name), encoded.data)
-    return PublishedFile(name, len(encoded.data), encoded.crc32)
+    return PublishedFile(name, len(encoded.data), encoded.crc32, encoded.epoch_starts)
 
 
 def write_batch_file(

@@ -10,18 +10,21 @@ the first time. A file made again finds its records and logs nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
-from queue_client.batchfile import EncodedBatchFile
 from queue_client.layout import DatasetLayout
 from queue_client.mixture_epochs import record_epoch_start
 
 log = logging.getLogger("queue_server.mixture")
 
 
-def record_epoch_starts(layout: DatasetLayout, split: str, encoded: EncodedBatchFile) -> None:
-    """Record, and log the first time, each source epoch that starts in `encoded`'s rows.
-    Stats only: a record that cannot be written is a warning, never a failed file."""
-    for source, epoch, row in encoded.epoch_starts:
+def record_epoch_starts(
+    layout: DatasetLayout, split: str, seq: int, epoch_starts: Iterable[tuple[str, int, int]]
+) -> None:
+    """Record, and log the first time, each source epoch that starts in file `seq`'s rows
+    ((source, epoch, row) each, from its EncodedBatchFile or PublishedFile). Stats only: a
+    record that cannot be written is a warning, never a failed file."""
+    for source, epoch, row in epoch_starts:
         try:
             if not record_epoch_start(layout, split, source, epoch, row):
                 continue
@@ -34,5 +37,5 @@ def record_epoch_starts(layout: DatasetLayout, split: str, encoded: EncodedBatch
             source,
             epoch,
             row,
-            encoded.seq,
+            seq,
         )

@@ -174,10 +174,10 @@ class RayBackend(ProductionBackend):
         if isinstance(reply, Failed):
             raise ProduceFailed(reply.message, reply.errno, reply.kind)
         assert isinstance(reply, Made)
-        encoded = reply.encoded()
-        if encoded.epoch_starts:  # recorded here, on the data root's machine, advance or not
-            layout = DatasetLayout(Path(self._init["data_root"]), self._init["dataset"])
-            await asyncio.to_thread(record_epoch_starts, layout, self.split, encoded)
+        encoded, starts = reply.encoded(), reply.epoch_starts
+        if starts:  # recorded here, on the data root's machine, advance or not
+            where = DatasetLayout(Path(self._init["data_root"]), self._init["dataset"])
+            await asyncio.to_thread(record_epoch_starts, where, self.split, reply.seq, starts)
         if not job.publish:  # an advance: the stream moved past seq; nothing is written
             return ProducedFile(job.seq, "", 0, 0, reply.before, reply.after)
         try:

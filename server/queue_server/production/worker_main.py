@@ -42,7 +42,6 @@ from typing import Any
 # Imported here so that the forkserver, which preloads this module, holds them ready to fork.
 import torch
 
-from queue_client.batchfile import publish_batch_file
 from queue_client.layout import DatasetLayout
 from queue_client.meta import meta_from_json, meta_to_json
 from queue_providers import DataProviderBase
@@ -237,13 +236,14 @@ def _produce(
         provider.load_state_dict(split, state)
     before = provider.state_dict(split)
     published = None
-    encoded = provider.make_file(split, seq)
-    # A mixture's epoch starts are facts of its sources' streams: recorded for an advance too.
-    record_epoch_starts(layout, split, encoded)
     if req.get("publish", True):
         directory = layout.files_dir(split, candidates=req.get("into") == "candidates")
-        published = publish_batch_file(directory, encoded)
-    # else the stream moves past seq; bytes dropped
+        published = provider.produce_file(split, seq, directory)
+        epoch_starts = published.epoch_starts
+    else:  # the stream moves past seq; bytes dropped
+        epoch_starts = provider.make_file(split, seq).epoch_starts
+    # A mixture's epoch starts are facts of its sources' streams: recorded for an advance too.
+    record_epoch_starts(layout, split, seq, epoch_starts)
     after = provider.state_dict(split)
     if forward is not None:
         provider.load_state_dict(split, forward)
