@@ -293,7 +293,7 @@ def _from_layout(
     try:
         tensors = batchfile_v3.views(base, shift, layout.tensors)
         extras = batchfile_v3.views(base, shift, layout.extras)
-    except (RuntimeError, ValueError, OverflowError) as exc:
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:  # parse checked sizes
         raise CorruptBatchFile(f"{path}: a tensor cannot be viewed: {exc}") from None
     if not tensors:
         raise CorruptBatchFile(f"{path}: metadata or tensors missing")

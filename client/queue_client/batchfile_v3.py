@@ -15,6 +15,7 @@ CorruptBatchFile (naming the file and the fault) before any view is made.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
@@ -185,7 +186,7 @@ def parse(buf: Any, where: str, newest: int) -> Layout:
         )
     tables = {t: _entries(header.get(t, []), t, data_bytes, where) for t in TABLES}
     spans = sorted((e.offset, e.offset + e.nbytes, e.name) for t in TABLES for e in tables[t])
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
         if start < end:
             raise CorruptBatchFile(f"{where}: tensors {a!r} and {b!r} overlap")
     return Layout(
@@ -235,8 +236,14 @@ def _entries(raw: Any, table: str, data_bytes: int, where: str) -> tuple[Entry, 
         names.add(name)
         if not isinstance(dtype, str) or dtype not in ITEMSIZE:
             raise CorruptBatchFile(f"{what}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or len(shape) > 64 or not all(map(_count, shape)):
-            raise CorruptBatchFile(f"{what}: shape {shape!r} is not a list of sizes")
+        # Every stride (a product of later sizes, empty ones counted as 1) must fit int64.
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 64
+            or not all(map(_count, shape))
+            or math.prod(max(d, 1) for d in shape) > 2**62
+        ):
+            raise CorruptBatchFile(f"{what}: shape {str(shape)[:200]} is not a list of sizes")
         if not _count(offset) or offset % ALIGN or not _count(nbytes):
             raise CorruptBatchFile(
                 f"{what}: offset {offset!r} is not a multiple of {ALIGN}, or nbytes {nbytes!r} "
@@ -252,9 +259,7 @@ def _entries(raw: Any, table: str, data_bytes: int, where: str) -> tuple[Entry, 
     return tuple(out)
 
 
-def views(
-    base: torch.Tensor, shift: int, entries: tuple[Entry, ...]
-) -> dict[str, torch.Tensor]:
+def views(base: torch.Tensor, shift: int, entries: tuple[Entry, ...]) -> dict[str, torch.Tensor]:
     """Each entry's tensor as a view of `base` (uint8; data offset `o` at base[o + shift])."""
     import torch
 
