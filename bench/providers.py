@@ -263,9 +263,7 @@ def _floor_seconds(data: bytes) -> float:
     batches = {k: list(v.unbind(0)) for k, v in loaded.stored.items()}
     began = time.perf_counter()
     tensors = {k: torch.stack(v) for k, v in batches.items()}
-    encode_batch_file(
-        seq=0, tensors=tensors, metadata=loaded.metadata, version=loaded.version
-    )
+    encode_batch_file(seq=0, tensors=tensors, metadata=loaded.metadata, version=loaded.version)
     return time.perf_counter() - began
 
 

@@ -231,14 +231,9 @@ _SCHEMAS: dict[str, tuple[FieldSpec, ...]] = {}
 
 
 def _parse_schema(raw: Any) -> tuple[FieldSpec, ...]:
-    import json
-
     from queue_client.schema import parse_schema
 
-    try:
-        key = json.dumps(raw, sort_keys=True, separators=(",", ":"))
-    except (TypeError, ValueError):
-        return parse_schema(raw)  # not JSON data: let the parser name the fault
+    key = repr(raw)  # equal reprs of plain data are equal data
     schema = _SCHEMAS.get(key)
     if schema is None:
         schema = parse_schema(raw)
@@ -252,16 +247,20 @@ def load_batch_file(path: Path) -> BatchFile:
     """Map a batch file copy-on-write: its tensors are views of the page cache, and writing
     into one never changes the file. Raises CorruptBatchFile naming the file and the fault."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(batchfile_v3.MAGIC))
-            if not batchfile_v3.has_magic(head):
-                return _checked(batchfile_torch.load_path(Path(path)), path)
-            # ACCESS_COPY is MAP_PRIVATE: a write into a view copies its page, the file stays.
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (FileNotFoundError, CorruptBatchFile):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if not batchfile_v3.has_magic(os.pread(fd, len(batchfile_v3.MAGIC), 0)):
+                mm = None
+            else:  # ACCESS_COPY is MAP_PRIVATE: a write into a view copies its page only
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
         raise
     except (OSError, ValueError) as exc:
         raise CorruptBatchFile(f"{path}: cannot be read: {type(exc).__name__}: {exc}") from None
+    if mm is None:
+        return _checked(batchfile_torch.load_path(Path(path)), path)
     layout = batchfile_v3.parse(mm, str(path), FORMAT_VERSION)
     return _from_layout(layout, _byte_tensor(mm), layout.data_start, path)
 

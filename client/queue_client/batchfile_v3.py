@@ -176,7 +176,8 @@ def parse(buf: Any, where: str, newest: int) -> Layout:
         raise CorruptBatchFile(
             f"{where}: header length {header_len} runs past the end ({size} bytes)"
         )
-    header = _header(bytes(buf[PREFIX.size : PREFIX.size + header_len]), where)
+    text = buf[PREFIX.size : PREFIX.size + header_len]  # bytes from an mmap, or a memoryview
+    header = _header(text if isinstance(text, bytes) else bytes(text), where)
     data_start = _aligned(PREFIX.size + header_len)
     data_bytes = header["data_bytes"]
     if not _count(data_bytes) or data_start + data_bytes != size:
@@ -198,9 +199,13 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON data")
 
 
+# One decoder made once (json.loads with arguments makes one per call), refusing NaN/Infinity.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _header(text: bytes, where: str) -> dict[str, Any]:
     try:
-        header = json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
+        header = _DECODER.decode(text.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError are both
         raise CorruptBatchFile(f"{where}: the header is not JSON: {exc}") from None
     if not isinstance(header, dict) or not header.keys() <= HEADER_KEYS:
