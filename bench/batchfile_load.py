@@ -1,4 +1,4 @@
-"""Row 16: CPU time to open a batch file (load_batch_file) and to encode one, format 2 and 3.
+"""CPU time to open a batch file (load_batch_file) and to encode one, in formats 2 and 3.
 
 Opening a file runs in the client's prefetch thread with the GIL held, while the trainer
 thread wants the GIL for get_batch: the CPU time of a load is what a file switch can take
@@ -8,6 +8,8 @@ alternate. The figure is CPU time of the calling thread (time.thread_time), the 
 the repeats (and the median beside it), so other processes on a shared machine count little.
 
     .venv/bin/python -m bench.batchfile_load [--repeats 200]
+
+It runs on its own, outside `python -m bench`'s rows (BENCHMARKS.md, "Opening a batch file").
 """
 
 from __future__ import annotations
