@@ -297,6 +297,21 @@ MALFORMED = {
     "not num_batches": (_edit("metadata.num_batches", 3), "does not hold 3 batches"),
     "a batch tensor of one dim": (_edit("tensors.0.shape", [24]), "does not hold 2 batches"),
     "offset past the data": (_edit("tensors.1.offset", 192), "run past the data"),
+    "a schema of junk": (
+        _edit(
+            "metadata.batch_size", 3, "metadata.schema", [{"name": 1, "dtype": "int64", "shape": 5}]
+        ),
+        "metadata schema is malformed",
+    ),
+    "a schema the tensors do not fit": (
+        _edit(
+            "metadata.batch_size",
+            3,
+            "metadata.schema",
+            [{"name": "x", "dtype": "int64", "shape": [4]}],
+        ),
+        "stored tensors \\['y'\\] are not in the schema",
+    ),
     "strides past int64": (
         _edit("tensors.0.shape", [2, 2**40, 2**40, 0], "tensors.0.nbytes", 0),
         "is not a list of sizes",
@@ -393,3 +408,31 @@ def test_fuzzed_headers_load_or_are_corrupt(
     text = json.dumps(header, sort_keys=True).encode()  # NaN and Infinity too, as Python writes
     data = bytes(i * 7 % 256 for i in range(data_len))
     _loads_or_is_corrupt(tmp_path, _pack(None, data, text=text))
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 300)
+    | st.sampled_from(["x", "y", "int64", "window"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                ["name", "dtype", "shape", "role", "storage", "kind", "source", "offset"]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@_FUZZ
+@given(schema=_JSON)
+def test_fuzzed_schemas_load_or_are_corrupt(tmp_path: Path, schema: Any) -> None:
+    """A file's own schema is checked against what it stores: any schema at all gives a
+    loaded file or CorruptBatchFile."""
+    data = _edit("metadata.batch_size", 3, "metadata.schema", schema)
+    _loads_or_is_corrupt(tmp_path, data)

@@ -225,8 +225,8 @@ class BatchFile:
         return codec.decode(self.stored)
 
 
-# Parsed schemas by their canonical JSON: every file of a split carries the same schema, and
-# parsing it again for each file would cost more than loading the file.
+# Parsed schemas by their repr: every file of a split carries the same schema, and parsing it
+# again for each file would cost more than loading the file.
 _SCHEMAS: dict[str, tuple[FieldSpec, ...]] = {}
 
 
@@ -349,4 +349,8 @@ def _batch_file(
             codec_for(schema).check_stored(tensors, (nb, batch_size))
         except BatchQueueError as exc:
             raise CorruptBatchFile(f"{path}: {exc}") from None
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a schema of junk
+            raise CorruptBatchFile(
+                f"{path}: metadata schema is malformed: {type(exc).__name__}: {exc}"
+            ) from None
     return loaded
