@@ -1,20 +1,23 @@
 """Data roots across the change to format 3: a new dataset dir writes version 3 files, and
 one whose meta records version 2 keeps serving its version 2 files and writing new ones in
 version 2 after a restart, with the batches a version 3 root of the same config serves (the
-format enters no fingerprint, so nothing is refused or rebuilt)."""
+format enters no fingerprint, so nothing is refused or rebuilt). A mixture and its sources
+keep the format their meta records the same way."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from conftest import char_config
 from queue_client import QueueClient
-from queue_client.batchfile import BatchFile, load_batch_file, scan_queue
+from queue_client.batchfile import BatchFile, load_batch_bytes, load_batch_file, scan_queue
 from queue_client.layout import DatasetLayout
 from queue_client.meta import dump_meta, load_meta
+from queue_providers import ProviderContext, create
 from queue_server.testing import wait_until
 
 
@@ -90,3 +93,38 @@ def test_a_version_2_root_keeps_serving_and_writing_version_2(
 
 def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_mixture_keeps_the_format_its_meta_records(tmp_path: Path) -> None:
+    """A mixture and its sources write the version their meta records: a new meta says 3;
+    one from a version 2 root (top level and each source's meta) keeps 2, and both serve the
+    same rows."""
+    path = tmp_path / "tokens.bin"
+    np.arange(1, 200, dtype=np.uint16).tofile(path)
+    args = {"inputs": [str(path)], "block_size": 4, "vocab_size": 300}
+    sources = [
+        {"name": name, "provider": "token_shards", "weight": 1.0, "args": args}
+        for name in ("a", "b")
+    ]
+    context = ProviderContext("mix", tmp_path / "mix", 2, 3, seed=5)
+    new = create("mixture", context, {"sources": sources})
+    meta = new.complete_meta()
+    assert meta["batch_format_version"] == 3
+    assert {m["batch_format_version"] for m in meta["mixture"]["source_meta"]} == {3}
+    new.set_meta(meta)
+    old = create("mixture", context, {"sources": sources})
+    source_meta = [{**m, "batch_format_version": 2} for m in meta["mixture"]["source_meta"]]
+    old.set_meta(
+        {
+            **meta,
+            "batch_format_version": 2,
+            "mixture": {**meta["mixture"], "source_meta": source_meta},
+        }
+    )
+    assert [p.format_version for p in old._providers] == [2, 2]
+    for seq in range(3):
+        got = load_batch_bytes(new.make_file("train", seq).data, "new")
+        kept = load_batch_bytes(old.make_file("train", seq).data, "old")
+        assert (got.version, kept.version) == (3, 2)
+        for name, value in got.tensors.items():
+            assert torch.equal(kept.tensors[name], value), (seq, name)
