@@ -1,7 +1,7 @@
 """Row 10: each built-in provider's tokens per second per worker process, beside its file floor.
 
 A worker's whole job is `make_file`: sample batches_per_file batches, stack them, encode the
-file (torch.save + crc32). This row calls it in-process, at torch's 1 thread as a worker runs,
+file (format 3: a JSON header and the raw tensor bytes, + crc32). This row calls it in-process, at torch's 1 thread as a worker runs,
 for consecutive seqs on corpora made from the suite's text. Beside each provider, in the same
 interleaved repeats, the floor any provider pays for that very file: its tensors, unbound into
 batches, stacked and encoded again with no sampling at all (two copies of the bytes and a
@@ -16,9 +16,9 @@ against the check that every field reads back). Tokens are token positions of th
 text_lm).
 
 The second half of the row is the bytes on disk per token of each provider's batch files
-(format 2: narrow ids, one window for x and y, no derivable fields) beside the same batches in
+(format 2 and later: narrow ids, one window for x and y, no derivable fields) beside the same batches in
 format 1 (every field in its served dtype), the whole file counted (torch.save's zip and the
-metadata included). The goal, 2.1 bytes per token, is for the LM providers whose x and y are
+metadata included; format 1 is a torch.save zip). The goal, 2.1 bytes per token, is for the LM providers whose x and y are
 token windows, with vocabularies up to 65,536; the others carry a second id field (labels). The corpora are the suite's text as it is (char_lm, char_diffusion, nanogpt_bin,
 text_lm, bert_mlm) and, for the labelled providers, its lines as examples (classification) or
 sentences (token_classification) with labels derived from the words, under a word-level vocab.
@@ -26,7 +26,6 @@ sentences (token_classification) with labels derived from the words, under a wor
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import time
@@ -258,13 +257,13 @@ def _format_1(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _floor_seconds(data: bytes) -> float:
     """Seconds to stack and encode a file's tensors again: the bytes any provider must write."""
-    from queue_client.batchfile import encode_batch_file
+    from queue_client.batchfile import encode_batch_file, load_batch_bytes
 
-    payload = torch.load(io.BytesIO(data), weights_only=True)
-    batches = {k: list(v.unbind(0)) for k, v in payload["tensors"].items()}
+    loaded = load_batch_bytes(data, "floor")
+    batches = {k: list(v.unbind(0)) for k, v in loaded.stored.items()}
     began = time.perf_counter()
     tensors = {k: torch.stack(v) for k, v in batches.items()}
-    encode_batch_file(seq=0, tensors=tensors, metadata=payload["metadata"])
+    encode_batch_file(seq=0, tensors=tensors, metadata=loaded.metadata, version=loaded.version)
     return time.perf_counter() - began
 
 

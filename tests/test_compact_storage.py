@@ -185,8 +185,8 @@ def as_format_1(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _made(builder: Builder, tmp: Path, big: bool) -> tuple[Any, Any, dict[str, Any]]:
-    """The provider on a new dataset dir (format 2), and one on the same data whose meta is
-    from before format 2 (format 1)."""
+    """The provider on a new dataset dir (the current format, compact), and one on the same
+    data whose meta is from before format 2 (format 1)."""
     name, args, ctx = builder(tmp, big)
     new = create(name, ctx, dict(args))
     meta = new.complete_meta()
@@ -207,12 +207,12 @@ def test_ids_are_stored_narrow_and_served_as_format_1_serves_them(
     """uint16 ids up to 65,536, uint32 past it; the served fields (dtype, shape, every value)
     are those of the format 1 file of the same seq, in a file a fraction of its size."""
     new, old, meta = _made(builder, tmp_path, big)
-    assert meta["batch_format_version"] == FORMAT_VERSION == 2
+    assert meta["batch_format_version"] == FORMAT_VERSION == 3
     assert (meta["vocab_size"] > 1 << 16) == big
     for split, seq in (("train", 0), ("train", 1), ("val", 0)):
         compact, plain = new.make_file(split, seq), old.make_file(split, seq)
         got, want = load_batch_bytes(compact.data, "new"), load_batch_bytes(plain.data, "old")
-        assert (got.version, want.version) == (2, 1)
+        assert (got.version, want.version) == (3, 1)
         assert got.stored[ids_tensor].dtype == (torch.uint32 if big else torch.uint16)
         assert want.stored.keys() == want.tensors.keys()  # format 1 stores the served fields
         assert got.tensors.keys() == want.tensors.keys()
@@ -298,8 +298,8 @@ def test_values_that_do_not_fit_their_storage_are_refused_naming_the_field(
 
 def test_a_meta_from_a_newer_format_is_refused(tmp_path: Path) -> None:
     new, _, meta = _made(_char_lm, tmp_path, False)
-    with pytest.raises(MetaError, match="batch_format_version 3"):
-        new.set_meta({**meta, "batch_format_version": 3})
+    with pytest.raises(MetaError, match="batch_format_version 4"):
+        new.set_meta({**meta, "batch_format_version": 4})
 
 
 # ---- the codec --------------------------------------------------------------------------------
@@ -578,10 +578,10 @@ def test_an_old_data_dir_keeps_serving_format_1_files(
 
 
 def test_verify_diversity_reads_both_formats_alike(tmp_path: Path, capsys) -> None:
-    """The same text_lm batches in format 1 and format 2 files give the same report."""
+    """The same text_lm batches in format 1, 2 and 3 files give the same report."""
     src = _docs(tmp_path / "docs.txt")
     reports = []
-    for fmt in (1, 2):
+    for fmt in (1, 2, 3):
         root = tmp_path / f"root{fmt}"
         ctx = ProviderContext("web", root / "web", batch_size=2, batches_per_file=3)
         args = {
@@ -594,7 +594,7 @@ def test_verify_diversity_reads_both_formats_alike(tmp_path: Path, capsys) -> No
         }
         p = create("text_lm", ctx, args)
         meta = p.complete_meta()
-        meta = meta if fmt == 2 else as_format_1(meta)
+        meta = as_format_1(meta) if fmt == 1 else {**meta, "batch_format_version": fmt}
         p.set_meta(meta)
         for split in ("train", "val"):
             qdir = queue_dir(root, "web", split)
@@ -605,7 +605,7 @@ def test_verify_diversity_reads_both_formats_alike(tmp_path: Path, capsys) -> No
         dump_meta(root / "web" / "meta.pkl", meta)
         assert verify_main(["--data-dir", str(root), "--dataset", "web", "--json"]) == 0
         reports.append(json.loads(capsys.readouterr().out))
-    assert reports[0] == reports[1]
+    assert reports[0] == reports[1] == reports[2]
     assert reports[0]["splits"]["train"]["documents"] > 0
 
 

@@ -15,6 +15,7 @@ import re
 import shutil
 import stat
 import textwrap
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,7 +244,7 @@ def test_a_leased_path_outside_the_data_root_is_refused(open_server: OpenServer)
 
 
 def test_a_crafted_pickle_in_the_queue_is_refused_and_quarantined(open_server: OpenServer) -> None:
-    """A published file rewritten (same name, same size) as a torch.save pickle whose loading
+    """A published file rewritten (same name, same size) as a torch zip pickle whose loading
     would create a marker file: the client (checksums off, so the loader itself is what is
     tested) refuses it, the server quarantines it with the loader's reason, the rank gets the
     real seq 0 produced again, and the marker never appears."""
@@ -252,9 +253,9 @@ def test_a_crafted_pickle_in_the_queue_is_refused_and_quarantined(open_server: O
     original = load_batch_file(published)
     expected = original.tensors["x"].clone()
     marker = tmp / "pwned"
-    published.write_bytes(crafted(original, marker, size=published.stat().st_size))
+    published.write_bytes(crafted(marker, size=published.stat().st_size))
     control = tmp / "control.pt"
-    control.write_bytes(crafted(original, tmp / "control-marker", size=None))
+    control.write_bytes(crafted(tmp / "control-marker", size=None))
     torch.load(control, weights_only=False)  # the payload is live: plain torch.load runs it
     assert (tmp / "control-marker").exists()
     read = []
@@ -271,22 +272,25 @@ def test_a_crafted_pickle_in_the_queue_is_refused_and_quarantined(open_server: O
     assert stats["quarantined_files"] == 1
 
 
-def crafted(original: Any, marker: Path, size: int | None) -> bytes:
-    """A batch file look-alike that runs Path.touch(marker) when unpickled, padded to `size`."""
-    tensors = {k: v.clone() for k, v in original.tensors.items()}
+def crafted(marker: Path, size: int | None) -> bytes:
+    """A batch file look-alike that runs Path.touch(marker) when unpickled, padded to `size`:
+    a zip laid out as torch.save lays one out (archive/data.pkl, byteorder, version), stored
+    uncompressed and without torch's 64-byte alignment, so that it is small enough to take
+    the place of a version 3 file of any size."""
     for pad in range(4096):
         buf = io.BytesIO()
-        torch.save(
-            {
-                "format": "batchqueue.batchfile",
-                "version": 1,
-                "metadata": {"seq": 0},
-                "tensors": tensors,
-                "evil": TouchOnUnpickle(marker),
-                "pad": "p" * pad,
-            },
-            buf,
-        )
+        payload = {
+            "format": "batchqueue.batchfile",
+            "version": 1,
+            "metadata": {"seq": 0},
+            "tensors": {},
+            "evil": TouchOnUnpickle(marker),
+            "pad": "p" * pad,
+        }
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr("archive/data.pkl", pickle.dumps(payload, protocol=2))
+            archive.writestr("archive/byteorder", "little")
+            archive.writestr("archive/version", "3\n")
         if size is None or len(buf.getvalue()) == size:
             return buf.getvalue()
     raise AssertionError(f"could not craft a {size}-byte file")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from queue_client.batchfile import queue_dir, write_batch_file
+from queue_client.batchfile import load_batch_file, queue_dir, write_batch_file
 from queue_client.meta import dump_meta
 from queue_providers import ProviderContext, create
 from queue_providers.verify_diversity import DiversityCheck, main
@@ -92,8 +92,8 @@ def test_repeated_windows_fail(tmp_path: Path, capsys) -> None:
     build_data_dir(tmp_path, corpus(200), packing="sequential", files=1)
     qdir = queue_dir(tmp_path, "web", "train")
     first = sorted(qdir.iterdir())[0]
-    payload = torch.load(first, weights_only=True)  # the same batches twice, stored the same way
-    write_batch_file(qdir, seq=1000, tensors=payload["tensors"], metadata=payload["metadata"])
+    loaded = load_batch_file(first)  # the same batches twice, stored the same way
+    write_batch_file(qdir, seq=1000, tensors=loaded.stored, metadata=loaded.metadata)
     assert main(["--data-dir", str(tmp_path), "--dataset", "web", "--splits", "train"]) == 1
     assert "duplicate-window rate" in capsys.readouterr().out
 

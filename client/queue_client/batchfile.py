@@ -7,23 +7,23 @@ are named is layout.py's; this module names the files inside those directories:
 Writing is two steps, so that the bytes can be made anywhere and written by whoever owns the
 directory: `encode_batch_file` (deterministic bytes and their crc32), then `publish_batch_file`
 (layout.atomic_write under the published name; a published file is never written again).
-Loading memory-maps the file copy-on-write (`torch.load(mmap=True, weights_only=True)`), so
-batches are views into the page cache and nothing in the file can run code.
+Loading memory-maps the file copy-on-write, so batches are views into the page cache, and
+nothing in the file can run code.
 
-Version 2 files hold what each schema field's storage says (narrow token ids, one window for
+Version 3 files are a JSON header and aligned raw tensor bytes (batchfile_v3.py): loading one
+parses the header and views the map, no unpickler. Versions 1 and 2 are torch.save zips
+(batchfile_torch.py), still read, and still written for dataset dirs built with them.
+Versions 2 and 3 hold what each schema field's storage says (narrow token ids, one window for
 x and y, no derivable masks; storage.py); version 1 files hold the served fields themselves.
-Both load: `BatchFile.stored` is what the file holds, `BatchFile.tensors` the served fields.
+All load: `BatchFile.stored` is what the file holds, `BatchFile.tensors` the served fields.
 """
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
-import pickle
 import re
 import time
-import types
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from queue_client import batchfile_torch, batchfile_v3
 from queue_client.errors import BatchQueueError, CorruptBatchFile
 
 # META_FILE, TMP_PREFIX and the name checks are re-exported, and the *_dir functions below
@@ -46,9 +47,9 @@ from queue_client.layout import (  # noqa: F401
 )
 
 FORMAT_NAME = "batchqueue.batchfile"
-FORMAT_VERSION = 2
-# Version 1 files hold the served fields as they are; an old dataset dir keeps writing them.
-VERSIONS = (1, 2)
+FORMAT_VERSION = batchfile_v3.VERSION
+# Versions 1 and 2 are torch.save zips; a dataset dir built with one keeps writing it.
+VERSIONS = (1, 2, 3)
 
 EXT = ".pt"
 
@@ -131,46 +132,25 @@ def encode_batch_file(
 ) -> EncodedBatchFile:
     """The bytes of one batch file. Tensors are what the file stores, each
     [num_batches, ...]: the served fields in version 1, what metadata["schema"]'s storage
-    says in version 2 (storage.BatchCodec.encode makes them from the served fields).
+    says in versions 2 and 3 (storage.BatchCodec.encode makes them from the served fields).
 
     `extras` are tensors of any shape that travel with the file but are not batches (the
     per-batch token histograms of a curriculum candidate); readers of batches ignore them.
     The bytes depend on the arguments alone, so the same seq encodes identically anywhere.
+    Version 3 metadata is JSON data: anything else (a numpy scalar, a non-str key, a NaN)
+    is refused here with a ValueError naming it; tuples are read back as lists.
     """
-    import torch
-
     if not tensors:
         raise ValueError("a batch file needs at least one tensor")
     if version not in VERSIONS:
         raise ValueError(f"batch file format version {version!r} is not one of {VERSIONS}")
     num_batches = int(next(iter(tensors.values())).shape[0])
-    payload = {
-        "format": FORMAT_NAME,
-        "version": version,
-        "metadata": {**metadata, "seq": seq, "num_batches": num_batches},
-        "tensors": {k: v.contiguous() for k, v in tensors.items()},
-    }
-    if extras:
-        payload["extras"] = {k: v.contiguous() for k, v in extras.items()}
-    buf = io.BytesIO()
-    torch.save(payload, buf, pickle_module=_CANONICAL_PICKLE)
-    data = buf.getvalue()
+    full = {**metadata, "seq": seq, "num_batches": num_batches}
+    if version >= 3:
+        data = batchfile_v3.encode(full, tensors, extras or {})
+    else:
+        data = batchfile_torch.encode(FORMAT_NAME, version, full, tensors, extras)
     return EncodedBatchFile(seq, num_batches, data, zlib.crc32(data))
-
-
-class _CanonicalPickler(pickle.Pickler):
-    """A pickler without a memo: equal metadata pickles to equal bytes whether or not its
-    strings and dicts happen to be shared objects (a plain pickler writes a back-reference for
-    the second use of one object, so the bytes would depend on how the metadata was built)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.fast = True  # no memo; batch payloads hold no cycles
-
-
-# torch.save takes a pickle module and uses its Pickler.
-_CANONICAL_PICKLE = types.ModuleType("queue_client.batchfile.canonical_pickle")
-_CANONICAL_PICKLE.Pickler = _CanonicalPickler  # type: ignore[attr-defined]
 
 
 def publish_batch_file(directory: Path, encoded: EncodedBatchFile) -> PublishedFile:
@@ -230,10 +210,8 @@ class BatchFile:
     @property
     def schema(self) -> tuple[FieldSpec, ...] | None:
         """The file's own schema (metadata["schema"]), or None when it has none."""
-        from queue_client.schema import parse_schema
-
         raw = self.metadata.get("schema")
-        return None if raw is None else parse_schema(raw)
+        return None if raw is None else _parse_schema(raw)
 
     @cached_property
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -252,33 +230,82 @@ class BatchFile:
         return codec.decode(self.stored)
 
 
-def load_batch_file(path: Path) -> BatchFile:
-    """Map a batch file copy-on-write. Raises CorruptBatchFile naming the file and the fault."""
-    import torch
+# Parsed schemas by their repr: every file of a split carries the same schema, and parsing it
+# again for each file would cost more than loading the file.
+_SCHEMAS: dict[str, tuple[FieldSpec, ...]] = {}
 
+
+def _parse_schema(raw: Any) -> tuple[FieldSpec, ...]:
+    from queue_client.schema import parse_schema
+
+    key = repr(raw)  # equal reprs of plain data are equal data
+    schema = _SCHEMAS.get(key)
+    if schema is None:
+        schema = parse_schema(raw)
+        if len(_SCHEMAS) >= 64:
+            _SCHEMAS.clear()
+        _SCHEMAS[key] = schema
+    return schema
+
+
+def load_batch_file(path: Path) -> BatchFile:
+    """Map a batch file copy-on-write: its tensors are views of the page cache, and writing
+    into one never changes the file. Raises CorruptBatchFile naming the file and the fault."""
     try:
-        payload = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if not batchfile_v3.has_magic(os.pread(fd, len(batchfile_v3.MAGIC), 0)):
+                mm = None
+            else:  # ACCESS_COPY is MAP_PRIVATE: a write into a view copies its page only
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise
-    except Exception as exc:
-        raise CorruptBatchFile(f"{path}: cannot be loaded: {type(exc).__name__}: {exc}") from None
-    return _checked(payload, path)
+    except (OSError, ValueError) as exc:
+        raise CorruptBatchFile(f"{path}: cannot be read: {type(exc).__name__}: {exc}") from None
+    if mm is None:
+        return _checked(batchfile_torch.load_path(Path(path)), path)
+    layout = batchfile_v3.parse(mm, str(path), FORMAT_VERSION)
+    return _from_layout(layout, _byte_tensor(mm), layout.data_start, path)
 
 
 def load_batch_bytes(data: bytes, where: str) -> BatchFile:
-    """Load a batch file held in memory (one fetched over the network) with the same safe
-    loader and checks as load_batch_file. The tensors are copies: `data` may go afterwards."""
+    """Load a batch file held in memory (one fetched over the network) with the same checks
+    as load_batch_file, and nothing that can run code. The tensors are views of one copy of
+    the data, so `data` may go afterwards and writing into them leaves it alone."""
+    if not batchfile_v3.has_magic(data):
+        return _checked(batchfile_torch.load_bytes(data, where), where)
+    layout = batchfile_v3.parse(memoryview(data), where, FORMAT_VERSION)
+    import numpy as np
     import torch
 
+    # One copy of the data region (numpy copies without the GIL).
+    copy = np.frombuffer(data, np.uint8, layout.data_bytes, layout.data_start).copy()
+    return _from_layout(layout, torch.from_numpy(copy), 0, where)
+
+
+def _byte_tensor(buffer: mmap.mmap) -> torch.Tensor:
+    import torch
+
+    return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def _from_layout(
+    layout: batchfile_v3.Layout, base: torch.Tensor, shift: int, path: Path | str
+) -> BatchFile:
     try:
-        payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception as exc:
-        raise CorruptBatchFile(f"{where}: cannot be loaded: {type(exc).__name__}: {exc}") from None
-    return _checked(payload, where)
+        tensors = batchfile_v3.views(base, shift, layout.tensors)
+        extras = batchfile_v3.views(base, shift, layout.extras)
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:  # parse checked sizes
+        raise CorruptBatchFile(f"{path}: a tensor cannot be viewed: {exc}") from None
+    if not tensors:
+        raise CorruptBatchFile(f"{path}: metadata or tensors missing")
+    return _batch_file(layout.metadata, tensors, extras, layout.version, path)
 
 
 def _checked(payload: object, path: Path | str) -> BatchFile:
-    """The payload of a loaded batch file as a BatchFile, if it is one; `path` names it."""
+    """The payload of a loaded version 1 or 2 file as a BatchFile, if it is one."""
     import torch
 
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_NAME:
@@ -292,20 +319,33 @@ def _checked(payload: object, path: Path | str) -> BatchFile:
     metadata, tensors = payload.get("metadata"), payload.get("tensors")
     if not isinstance(metadata, dict) or not isinstance(tensors, dict) or not tensors:
         raise CorruptBatchFile(f"{path}: metadata or tensors missing")
-    nb = metadata.get("num_batches")
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.shape[0] != nb:
-            raise CorruptBatchFile(f"{path}: tensor {name!r} does not hold {nb} batches")
+    if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        raise CorruptBatchFile(f"{path}: tensors is not a table of tensors")
     extras = payload.get("extras") or {}
     if not isinstance(extras, dict) or not all(
         isinstance(t, torch.Tensor) for t in extras.values()
     ):
         raise CorruptBatchFile(f"{path}: extras is not a table of tensors")
+    return _batch_file(metadata, tensors, extras, version, path)
+
+
+def _batch_file(
+    metadata: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    extras: dict[str, torch.Tensor],
+    version: int,
+    path: Path | str,
+) -> BatchFile:
+    """A BatchFile of what a file holds, if its tensors hold its batches as it says."""
+    nb = metadata.get("num_batches")
+    for name, t in tensors.items():
+        if t.dim() < 2 or t.shape[0] != nb:
+            raise CorruptBatchFile(f"{path}: tensor {name!r} does not hold {nb} batches")
     loaded = BatchFile(metadata, tensors, extras, version)
     batch_size = metadata.get("batch_size")
     has_schema = metadata.get("schema") is not None
     if version >= 2 and has_schema and isinstance(batch_size, int) and isinstance(nb, int):
-        # A version 2 file says how it stores its fields: what it holds must fit that.
+        # A file says how it stores its fields: what it holds must fit that.
         from queue_client.storage import codec_for
 
         try:
@@ -314,4 +354,8 @@ def _checked(payload: object, path: Path | str) -> BatchFile:
             codec_for(schema).check_stored(tensors, (nb, batch_size))
         except BatchQueueError as exc:
             raise CorruptBatchFile(f"{path}: {exc}") from None
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a schema of junk
+            raise CorruptBatchFile(
+                f"{path}: metadata schema is malformed: {type(exc).__name__}: {exc}"
+            ) from None
     return loaded

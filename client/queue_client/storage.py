@@ -1,6 +1,6 @@
 """Served fields from stored tensors, and back: the codec of a batch file's compact storage.
 
-A batch file (format version 2) stores what a schema's `Storage` says (schema.py): token ids
+A batch file (format version 2 or 3) stores what a schema's `Storage` says (schema.py): token ids
 in the narrowest dtype that holds the vocabulary, x and y as two views of one window of T+1
 tokens, and no masks or segment ids that follow from the ids. `BatchCodec` reads a batch
 from those stored tensors in the dtypes and shapes the schema promises, and writes them from

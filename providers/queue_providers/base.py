@@ -6,10 +6,11 @@ server runs providers in worker processes and decides *which* seq each worker pr
 backpressure and ordering live in the server, not here.
 
 Storage: a file stores what each schema field's `storage` says (narrow token ids, x and y as
-one window, no derivable masks; queue_client/storage.py), in batch file format version 2.
+one window, no derivable masks; queue_client/storage.py), in batch file format version 3.
 sample_batch still returns the served fields; make_file encodes them and checks that they
-read back identically. A dataset dir whose meta predates the format (no
-"batch_format_version") keeps writing version 1 files, the served fields as they are.
+read back identically. A dataset dir keeps writing the format its meta records
+("batch_format_version": 2 keeps torch.save zips of the same storage); one whose meta
+predates the key keeps writing version 1 files, the served fields as they are.
 
 Determinism: a file's content is a pure function of (config, seed, split, seq) for stateless
 providers, since the RNG is seeded from exactly those. A provider that streams (reads documents
