@@ -14,6 +14,10 @@ from queue_client.readahead import ReadAhead, read_ahead_for
 B, T = 4, 16
 
 
+def _lane_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("queue-client-train-")}
+
+
 def test_depth_grows_with_a_trainer_faster_than_a_fetch_and_never_past_its_cap() -> None:
     ahead = ReadAhead(2, 4)
     assert ahead.read(0.001) == 2  # no fetch measured yet: nothing to judge by
@@ -46,10 +50,11 @@ def test_a_fast_reader_gets_the_next_files_loaded_before_its_file_ends(
     )
     server.wait_ready_files("chars", 8)
     with QueueClient(server.address, "chars", prefetch_files=1) as client:
-        # Every thread of the pool runs before the first switch: a switch never starts one.
+        # Every thread of the stream runs before the first switch: a switch never starts
+        # one. As many as fetches in flight at the deepest read-ahead, and one for releases.
         client.get_batch("train")
-        pool = [t for t in threading.enumerate() if t.name.startswith("queue-client_")]
-        assert len(pool) == 4 * 1 + 2
+        lane = _lane_threads()
+        assert len(lane) == 2 + 1
         assert client.stream_view("train").read_ahead == 1
         assert client._streams["train"].read_ahead.cap == 2  # the server allows 8 + 1
         # Five files read back to back: a file of 5 tiny batches takes far less than a lease,
@@ -64,4 +69,7 @@ def test_a_fast_reader_gets_the_next_files_loaded_before_its_file_ends(
         view = client.stream_view("train")
         assert view.row < view.rows_in_file and view.next_file == "ready"
         assert server.split_stats("chars")["leased_files"] >= 3
-        assert len([t for t in threading.enumerate() if t.name.startswith("queue-client_")]) == 6
+        assert _lane_threads() == lane
+        assert not [t for t in threading.enumerate() if t.name.startswith("queue-client_")]
+    # A closed stream's threads end (after running what was handed to them).
+    assert all(not t.is_alive() for t in lane)

@@ -66,6 +66,8 @@ class LoadedFile:
     served: list[torch.Tensor] | None = None
     start: int = 0  # the first row to serve: later than 0 when resuming mid-file
     waited_s: float = 0.0  # how long get_batch blocked for this file
+    # The first batch, widened ahead by the background: (first row, end row, its tensors).
+    first: tuple[int, int, list[torch.Tensor]] | None = None
 
     def __post_init__(self) -> None:
         nb, bs = self.num_batches, self.batch_size
@@ -98,6 +100,22 @@ class LoadedFile:
         """Rows r0..r1's served fields written into `outs` (one widening copy_ per field)."""
         fields = [None if f is None else f[r0:r1] for f in self.row_fields]
         self.codec.serve_into(fields, self.stored_rows(r0, r1), outs)
+
+    def prepare_first(self, size: int) -> None:
+        """Widen the first batch of `size` rows now (in the background, where the file is
+        fetched), so that the call that switches to this file only hands it out. Nothing
+        to do for a file that stores the fields as served: its views cost nothing."""
+        r0 = min(self.start, self.rows)
+        if not self.codec.identity and r0 + size <= self.rows:
+            self.first = (r0, r0 + size, self.views(r0, r0 + size))
+
+    def first_views(self, r0: int, r1: int) -> list[torch.Tensor]:
+        """`views(r0, r1)`, handed over ready when they are the batch widened ahead (once:
+        the trainer owns them from then on)."""
+        first, self.first = self.first, None
+        if first is not None and first[0] == r0 and first[1] == r1:
+            return first[2]
+        return self.views(r0, r1)
 
     def views(self, r0: int, r1: int) -> list[torch.Tensor]:
         """Rows r0..r1's served fields, for a trainer that takes zero-copy CPU batches: views

@@ -7,10 +7,12 @@ mapped file and widens those rows into the tensors it returns (one copy_ per fie
 no syscall, no per-sample loop. Zero-copy CPU trainers get views of the file where it stores
 the served fields, else the rows widened into a batch's own memory; copies (`out=`, copy=True, CUDA) start from the
 stored tensors, narrow token ids and all, and widen them on the way (storage.py).
-Leasing, crc32, loading and paging in all happen in a background thread,
-`prefetch_files` ahead (deeper for a trainer that reads files faster than they are fetched:
-readahead.py), and cost the file switch nothing: the prefetched file takes over, the
-finished one is released in the background, and the prefetch of the one after starts.
+Leasing, crc32, loading and paging in all happen in the stream's background threads
+(lane.py), `prefetch_files` ahead (deeper for a trainer that reads files faster than they are
+fetched: readahead.py), and cost the file switch next to nothing: the prefetched file takes
+over with its first batch already widened (for zero-copy CPU batches of the size the trainer
+last took at a switch), and the release of the finished file and the fetch of the next are
+handed to those threads with one queue put each.
 
 With transport "grpc" the background thread streams the file instead of mapping it
 (fetch.py); the tensors then live in memory, and the hot path is the same.
@@ -18,9 +20,11 @@ With transport "grpc" the background thread streams the file instead of mapping 
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Literal
 
 import torch
@@ -28,7 +32,8 @@ import torch
 from queue_client import errors
 from queue_client.batchfile import load_batch_bytes
 from queue_client.file_map import map_leased, prefault
-from queue_client.readahead import prestart_threads, read_ahead_for
+from queue_client.lane import Lane
+from queue_client.readahead import read_ahead_for
 from queue_client.resume import StreamPlan
 from queue_client.rows import LoadedFile, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
@@ -36,6 +41,8 @@ from queue_client.storage import codec_for
 from queue_client.stream_api import LeaseRef, LeaseSource, StreamView
 from queue_client.transfer import Transfer
 from queue_client.wire import batchqueue_pb2 as pb
+
+log = logging.getLogger("queue_client")
 
 CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
 # Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
@@ -85,7 +92,17 @@ class SplitStream:
         self._pending: deque[tuple[Future[LoadedFile], tuple[int, int] | None]] = deque()
         self._finished: list[LoadedFile] = []  # read to their end, not yet released
         self._opened_at = 0.0  # when the current file served its first rows
-        prestart_threads(source.executor)
+        # Rows of zero-copy batches the trainer took at its last switch: the background
+        # widens a fetched file's first batch of that size ahead (0: none, for out= buffers,
+        # copies and devices, which start from the stored rows).
+        self._size = 0
+        # Fetches in flight at the deepest read-ahead, and one more for releases, so that a
+        # release never waits for a fetch.
+        self._lane = Lane(
+            f"queue-client-{split}",
+            max(1, self.read_ahead.cap) + 1,
+            f"the {source.dataset}/{split} stream",
+        )
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
         """What a batch of `size` rows is served as: (shape, dtype) per field."""
@@ -120,6 +137,7 @@ class SplitStream:
         cur, r0 = self.current, self.row
         r1 = r0 + size
         if cur is None or r1 > cur.rows:
+            self._size = 0
             for f, a, b, at in self._segments(size):
                 transfer.deliver_into(f.stored_batch(a, b), [o[at : at + b - a] for o in outs])
             self._after_switch()
@@ -130,11 +148,12 @@ class SplitStream:
     def _crossing(self, transfer: Transfer, size: int) -> list[torch.Tensor]:
         """A batch whose rows are not all in the current file: the end of one file, then
         the start of the next (or a first file)."""
+        self._size = size if transfer.serves_views else 0
         segments = self._segments(size)
         if len(segments) == 1:
             f, a, b, _ = segments[0]
             if transfer.serves_views:
-                outs = f.views(a, b)
+                outs = f.first_views(a, b)
             else:
                 outs = transfer.deliver(f.stored_batch(a, b))
         elif transfer.serves_views:
@@ -183,8 +202,31 @@ class SplitStream:
 
     def _submit(self) -> None:
         seq, offset, carried = self._take()
-        job = self.source.executor.submit(self._fetch, seq, offset, carried, self._clock())
+        job: Future[LoadedFile] = Future()
+        submitted = self._clock()
+        self._lane.put(partial(self._fetch_into, job, seq, offset, carried, submitted, self._size))
         self._pending.append((job, None if seq is None else (seq, offset)))
+
+    def _fetch_into(
+        self,
+        job: Future[LoadedFile],
+        seq: int | None,
+        start: int,
+        carried: bool,
+        submitted: float,
+        size: int,
+    ) -> None:
+        """A lane job: fetch a file into `job`, unless the stream gave it up first."""
+        if not job.set_running_or_notify_cancel():
+            return
+        try:
+            loaded = self._fetch(seq, start, carried, submitted)
+            if size:
+                loaded.prepare_first(size)
+        except BaseException as exc:
+            job.set_exception(exc)
+            return
+        job.set_result(loaded)
 
     def _advance(self) -> None:
         if not self._pending:
@@ -211,14 +253,22 @@ class SplitStream:
     def _after_switch(self) -> None:
         """Release the finished files and prefetch the next ones: after the batch that
         switched files is made, so the background threads this wakes take no GIL or core
-        from that call."""
+        from that call. One queue put per job (lane.py)."""
         while len(self._pending) < self.read_ahead.depth:
             self._submit()
         finished, self._finished = self._finished, []
         for old in finished:
-            # The release job holds the finished file last, so it is unmapped off this thread.
-            self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
+            # The job holds the finished file last, so it is unmapped off this thread.
+            self._lane.put(partial(self._release_finished, old))
         del finished
+
+    def _release_finished(self, old: LoadedFile) -> None:
+        """A lane job: release a file read to its end."""
+        ref = old.lease
+        try:
+            self.source.release(ref, CONSUMED, waited_s=old.waited_s)
+        except errors.BatchQueueError as exc:
+            log.warning("releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
 
     def _give_back_pending(self, first: tuple[int, int] | None = None) -> None:
         """Return every prefetched file unread and put them (after `first`) back in line."""
@@ -333,8 +383,10 @@ class SplitStream:
         )
 
     def close(self) -> None:
-        """Give back what this stream holds: a finished file as consumed, the rest unread."""
+        """Give back what this stream holds: a finished file as consumed, the rest unread.
+        The releases already handed to the background are done when this returns."""
         self._give_back_pending()
+        self._lane.close()
         finished, self._finished = self._finished, []
         for old in finished:
             self.source.release(old.lease, CONSUMED)

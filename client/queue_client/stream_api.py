@@ -3,7 +3,6 @@ it gives of where it stands (StreamView), and what it needs from the client (Lea
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -64,7 +63,6 @@ class LeaseSource(Protocol):
     file_batch_size: int  # the files' unit: rows per stored batch
     verify_checksums: bool
     transport: str  # "file" or "grpc"
-    executor: ThreadPoolExecutor
 
     def acquire(
         self, split: str, seq: int | None, deadline: float, carried: bool = False
@@ -73,12 +71,5 @@ class LeaseSource(Protocol):
     def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes: ...  # pragma: no cover
     def files_ahead_allowed(self, split: str) -> int | None: ...  # pragma: no cover
     def release(
-        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = ""
-    ) -> None: ...  # pragma: no cover
-    def release_later(
-        self,
-        ref: LeaseRef,
-        outcome: pb.ReleaseOutcome,
-        waited_s: float = 0.0,
-        keep: object = None,
+        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = "", waited_s: float = 0.0
     ) -> None: ...  # pragma: no cover
