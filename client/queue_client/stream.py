@@ -201,11 +201,15 @@ class SplitStream:
         return seq, 0, False
 
     def _submit(self) -> None:
+        self._lane.put(self._fetch_job())
+
+    def _fetch_job(self) -> Callable[[], None]:
+        """Take the next file in line as pending; the lane job that fetches it."""
+        self._lane.check_open()
         seq, offset, carried = self._take()
         job: Future[LoadedFile] = Future()
-        submitted = self._clock()
-        self._lane.put(partial(self._fetch_into, job, seq, offset, carried, submitted, self._size))
         self._pending.append((job, None if seq is None else (seq, offset)))
+        return partial(self._fetch_into, job, seq, offset, carried, self._clock(), self._size)
 
     def _fetch_into(
         self,
@@ -221,11 +225,14 @@ class SplitStream:
             return
         try:
             loaded = self._fetch(seq, start, carried, submitted)
-            if size:
-                loaded.prepare_first(size)
         except BaseException as exc:
             job.set_exception(exc)
             return
+        if size:
+            try:
+                loaded.prepare_first(size)
+            except Exception:  # the switch widens the batch itself, as without this
+                log.exception("widening the first batch of seq %s ahead failed", loaded.seq)
         job.set_result(loaded)
 
     def _advance(self) -> None:
@@ -253,14 +260,16 @@ class SplitStream:
     def _after_switch(self) -> None:
         """Release the finished files and prefetch the next ones: after the batch that
         switched files is made, so the background threads this wakes take no GIL or core
-        from that call. One queue put per job (lane.py)."""
+        from that call. All in one queue put (lane.py): fetches first."""
+        jobs = []
         while len(self._pending) < self.read_ahead.depth:
-            self._submit()
-        finished, self._finished = self._finished, []
-        for old in finished:
-            # The job holds the finished file last, so it is unmapped off this thread.
-            self._lane.put(partial(self._release_finished, old))
-        del finished
+            jobs.append(self._fetch_job())
+        # The release job holds a finished file last, so it is unmapped off this thread:
+        # nothing here keeps one once the jobs are handed over.
+        jobs.extend(partial(self._release_finished, old) for old in self._finished)
+        self._finished.clear()
+        self._lane.put_all(jobs)
+        jobs.clear()
 
     def _release_finished(self, old: LoadedFile) -> None:
         """A lane job: release a file read to its end."""
