@@ -54,10 +54,10 @@ def test_a_fast_reader_gets_the_next_files_loaded_before_its_file_ends(
     server.wait_ready_files("chars", 8)
     with QueueClient(server.address, "chars", prefetch_files=1) as client:
         # Every thread of the stream runs before the first switch: a switch never starts
-        # one. As many as fetches in flight at the deepest read-ahead, and one for releases.
+        # one. As many as fetches in flight at the deepest read-ahead, and three for releases.
         client.get_batch("train")
         lane = _lane_threads()
-        assert len(lane) == 2 + 1
+        assert len(lane) == 2 + 3
         assert client.stream_view("train").read_ahead == 1
         assert client._streams["train"].read_ahead.cap == 2  # the server allows 8 + 1
         # Five files read back to back: a file of 5 tiny batches takes far less than a lease,

@@ -25,7 +25,6 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
-from typing import Literal
 
 import torch
 
@@ -48,6 +47,8 @@ CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
 # Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
 # before the file arrived) before giving up.
 _CORRUPT_RETRIES = 3
+# A stream's threads beyond its fetches in flight: releases in flight at once.
+_RELEASE_THREADS = 3
 
 
 class SplitStream:
@@ -96,11 +97,12 @@ class SplitStream:
         # widens a fetched file's first batch of that size ahead (0: none, for out= buffers,
         # copies and devices, which start from the stored rows).
         self._size = 0
-        # Fetches in flight at the deepest read-ahead, and one more for releases, so that a
-        # release never waits for a fetch.
+        # Fetches in flight at the deepest read-ahead, and releases beside them: a release
+        # RPC of a loaded server can outlast the reading of a file or two, and a fetch must
+        # never queue behind one.
         self._lane = Lane(
             f"queue-client-{split}",
-            max(1, self.read_ahead.cap) + 1,
+            max(1, self.read_ahead.cap) + _RELEASE_THREADS,
             f"the {source.dataset}/{split} stream",
         )
 
@@ -368,28 +370,10 @@ class SplitStream:
 
     def view(self) -> StreamView:
         """A snapshot of where the stream stands; see StreamView. Cheap, and changes nothing."""
-        pending, cur = self._pending, self.current
-        next_file: Literal["none", "loading", "ready"] = (
-            "none" if not pending else "ready" if pending[0][0].done() else "loading"
-        )
-        ready = 0
-        while ready < len(pending) and pending[ready][0].done():
-            ready += 1
-        depth = self.read_ahead.depth
-        if cur is None:
-            return StreamView(self.split, None, 0, 0, next_file, 0, 0, depth, ready)
-        offset = -(-self.row // cur.batch_size)  # a batch begun counts as read
-        return StreamView(
-            self.split,
-            cur.seq,
-            offset,
-            cur.num_batches,
-            next_file,
-            self.row,
-            cur.rows,
-            depth,
-            ready,
-        )
+        cur = self.current
+        file = None if cur is None else (cur.seq, cur.num_batches, cur.batch_size, cur.rows)
+        done = [job.done() for job, _ in self._pending]
+        return StreamView.of(self.split, file, self.row, done, self.read_ahead.depth)
 
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread.
