@@ -76,3 +76,22 @@ def test_a_closed_lane_refuses_work_naming_its_owner() -> None:
         lane.put_all([lambda: None, lambda: None])
     with pytest.raises(ValueError, match="at least one thread"):
         Lane("queue-client-test", 0, "nothing")
+
+
+def test_stop_ends_the_threads_after_the_jobs_handed_over_without_waiting_for_them() -> None:
+    lane = Lane("queue-client-test", 2, "the test stream")
+    gate = threading.Event()
+    ran: list[int] = []
+    lane.put(lambda: gate.wait(60))
+    lane.put(lambda: ran.append(1))
+    lane.stop()  # returns at once, with a job still running
+    assert not gate.is_set()
+    with pytest.raises(errors.InvalidRequest):
+        lane.put(lambda: None)
+    gate.set()
+    wait_until(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("queue-client-test-")],
+        60,
+        "the lane's threads to end",
+    )
+    assert ran == [1]

@@ -61,13 +61,18 @@ class Lane:
         elif jobs:
             self.put(partial(self._spread, list(jobs)))
 
-    def close(self) -> None:
-        """Run every job handed over so far, then end the threads. Idempotent."""
+    def stop(self) -> None:
+        """End the threads once they have run every job handed over so far, without
+        waiting for them (for an owner dropped unclosed). Idempotent."""
         if self._closed:
             return
         self._closed = True
         for _ in self._threads:
             self._jobs.put(None)
+
+    def close(self) -> None:
+        """Run every job handed over so far, then end the threads. Idempotent."""
+        self.stop()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()

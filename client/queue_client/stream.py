@@ -21,6 +21,7 @@ With transport "grpc" the background thread streams the file instead of mapping 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -105,6 +106,8 @@ class SplitStream:
             max(1, self.read_ahead.cap) + _RELEASE_THREADS,
             f"the {source.dataset}/{split} stream",
         )
+        # A stream dropped unclosed (its client never closed) leaves no idle threads behind.
+        weakref.finalize(self, self._lane.stop)
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
         """What a batch of `size` rows is served as: (shape, dtype) per field."""
