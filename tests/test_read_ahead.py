@@ -1,17 +1,24 @@
 """No stall at a file switch: the stream reads ahead as deep as the trainer's pace needs
-(readahead.py), within what the server lets a rank hold, and its pool's threads exist before
-any switch. Checked against a real server, by conditions, not timings."""
+(readahead.py), within what the server lets a rank hold; its threads exist before any switch,
+and a switch hands out a batch widened ahead. Checked against a real server, by conditions,
+not timings."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
+import torch
+
 from conftest import char_config, wait_until
 from queue_client import QueueClient
 from queue_client.readahead import ReadAhead, read_ahead_for
 
 B, T = 4, 16
+
+
+def _lane_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("queue-client-train-")}
 
 
 def test_depth_grows_with_a_trainer_faster_than_a_fetch_and_never_past_its_cap() -> None:
@@ -46,10 +53,11 @@ def test_a_fast_reader_gets_the_next_files_loaded_before_its_file_ends(
     )
     server.wait_ready_files("chars", 8)
     with QueueClient(server.address, "chars", prefetch_files=1) as client:
-        # Every thread of the pool runs before the first switch: a switch never starts one.
+        # Every thread of the stream runs before the first switch: a switch never starts
+        # one. As many as fetches in flight at the deepest read-ahead, and three for releases.
         client.get_batch("train")
-        pool = [t for t in threading.enumerate() if t.name.startswith("queue-client_")]
-        assert len(pool) == 4 * 1 + 2
+        lane = _lane_threads()
+        assert len(lane) == 2 + 3
         assert client.stream_view("train").read_ahead == 1
         assert client._streams["train"].read_ahead.cap == 2  # the server allows 8 + 1
         # Five files read back to back: a file of 5 tiny batches takes far less than a lease,
@@ -64,4 +72,47 @@ def test_a_fast_reader_gets_the_next_files_loaded_before_its_file_ends(
         view = client.stream_view("train")
         assert view.row < view.rows_in_file and view.next_file == "ready"
         assert server.split_stats("chars")["leased_files"] >= 3
-        assert len([t for t in threading.enumerate() if t.name.startswith("queue-client_")]) == 6
+        assert _lane_threads() == lane
+        assert not [t for t in threading.enumerate() if t.name.startswith("queue-client_")]
+    # A closed stream's threads end (after running what was handed to them).
+    assert all(not t.is_alive() for t in lane)
+
+
+def test_a_switch_hands_out_the_batch_widened_ahead_and_releases_without_another_call(
+    start_server, corpus: Path
+) -> None:
+    """The call that opens a file hands out its first batch as the background widened it
+    (the trainer owns those tensors: they are never handed out again); the finished file's
+    release reaches the server with no further call; and closing the stream (here through
+    load_state_dict) returns only once every release handed to the background is done."""
+    server = start_server(
+        char_config(
+            corpus, batch_size=B, block_size=T, batches_per_file=3, extra="max_backlog_files = 6"
+        )
+    )
+    server.wait_ready_files("chars", 6)
+    with QueueClient(server.address, "chars", prefetch_files=2) as client:
+        for _ in range(3):  # the first file, whose switch has no batch widened ahead
+            client.get_batch("train")
+        stream = client._streams["train"]
+        job, _ = stream._pending[0]
+        nxt = job.result(timeout=60)
+        wait_until(lambda: nxt.first is not None, 60, "the next file's first batch widened")
+        assert nxt.first is not None
+        r0, r1, ready = nxt.first
+        assert (r0, r1) == (0, B)
+        x, y = client.get_batch("train")  # the switch
+        assert x is ready[0] and y is ready[1] and nxt.first is None
+        expected = nxt.views(0, B)
+        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+        assert x.dtype == torch.int64 and x.is_contiguous() and x.shape == (B, T)
+        # The first file goes back as consumed without another get_batch.
+        wait_until(lambda: server.split_stats("chars")["consumed_files"] == 1, 60, "a release")
+        for _ in range(3 * 2):  # the rest of that file and the next; the last call switches
+            client.get_batch("train")
+        # Closed right after a switch, while its release is in flight: no wait, the close
+        # behind load_state_dict ran every release handed over before it returned.
+        client.load_state_dict(client.state_dict())
+        stats = server.split_stats("chars")
+        assert stats["leased_files"] == 0
+        assert stats["consumed_files"] == 3

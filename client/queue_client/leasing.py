@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from queue_client import errors
 from queue_client.fetch import FileFetcher
@@ -31,7 +30,6 @@ class LeaseMixin:
     timeout_s: float
     mode: str
     client_id: str
-    executor: ThreadPoolExecutor
     _rpc: Rpc
     _fetcher: FileFetcher
     _closing: bool
@@ -133,30 +131,6 @@ class LeaseMixin:
             )
             request.lease_id = lease.lease_id
             self._rpc.call("ReleaseLease", request)
-
-    def release_later(
-        self,
-        ref: LeaseRef,
-        outcome: pb.ReleaseOutcome,
-        waited_s: float = 0.0,
-        keep: object = None,
-    ) -> None:
-        """Release in the background. `keep` (the finished file) rides along and is dropped
-        there, so unmapping it costs the trainer's thread nothing."""
-        held = [keep]
-        del keep
-
-        def run() -> None:
-            try:
-                self.release(ref, outcome, waited_s=waited_s)
-            except errors.BatchQueueError as exc:
-                log.warning(
-                    "releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc
-                )
-            finally:
-                held.clear()
-
-        self.executor.submit(run)
 
     def _renew_loop(self) -> None:
         while not self._stop_renewing.wait(self._lease_ttl_s / 3):

@@ -16,8 +16,6 @@ cap: that many leases and mapped files (page cache the server's files share) per
 from __future__ import annotations
 
 import math
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 # Weight of the newest fetch in the running estimate of a fetch's duration.
 _FETCH_WEIGHT = 0.5
@@ -62,18 +60,3 @@ def read_ahead_for(prefetch_files: int, allowed: int | None = None) -> ReadAhead
     if allowed is not None:
         cap = min(cap, allowed)
     return ReadAhead(prefetch_files, max(prefetch_files, cap))
-
-
-def prestart_threads(executor: ThreadPoolExecutor) -> None:
-    """Start every thread of the client's pool now, at a stream's opening: a pool starts a
-    thread when a job finds none idle, and Thread.start waits until the new thread runs and
-    holds the GIL, which a submit at a file switch must never do. Idempotent."""
-    n = getattr(executor, "_max_workers", 0)  # stdlib attribute, stable since 3.2
-    if getattr(executor, "_queue_client_started", False) or n <= 0:
-        return
-    go = threading.Event()
-    jobs = [executor.submit(go.wait, 5.0) for _ in range(n)]
-    go.set()
-    for job in jobs:
-        job.result()
-    executor._queue_client_started = True  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from queue_client.schema import torch_dtype
 from queue_client.storage import BatchCodec
 from queue_client.transfer import StoredBatch
 
@@ -66,6 +67,12 @@ class LoadedFile:
     served: list[torch.Tensor] | None = None
     start: int = 0  # the first row to serve: later than 0 when resuming mid-file
     waited_s: float = 0.0  # how long get_batch blocked for this file
+    # The first batch, widened ahead by the background: (first row, end row, its tensors).
+    first: tuple[int, int, list[torch.Tensor]] | None = None
+    # Per served field, its [rows, ...] values and the dtype they are served as, when each
+    # is one widening copy of a slice of them (x and y of a window): `views` then skips
+    # the codec's general path.
+    widen: list[tuple[torch.Tensor, torch.dtype]] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         nb, bs = self.num_batches, self.batch_size
@@ -78,6 +85,13 @@ class LoadedFile:
         self.row_fields = self.codec.field_views(self.row_stored)
         if self.codec.identity:
             self.served = self.row_fields  # type: ignore[assignment]  # identity: all direct
+        elif self.codec._copies_only and all(self.rowwise):  # no field derived: all views
+            self.widen = [
+                (f, torch_dtype(spec.dtype))
+                for f, spec in zip(self.row_fields, self.codec.schema, strict=True)
+                if f is not None
+            ]
+            assert len(self.widen) == len(self.codec.schema)
 
     def stored_rows(self, r0: int, r1: int) -> list[torch.Tensor]:
         """Rows r0..r1 of every stored tensor (a per-batch one: the batch r0 lies in)."""
@@ -99,6 +113,22 @@ class LoadedFile:
         fields = [None if f is None else f[r0:r1] for f in self.row_fields]
         self.codec.serve_into(fields, self.stored_rows(r0, r1), outs)
 
+    def prepare_first(self, size: int) -> None:
+        """Widen the first batch of `size` rows now (in the background, where the file is
+        fetched), so that the call that switches to this file only hands it out. Nothing
+        to do for a file that stores the fields as served: its views cost nothing."""
+        r0 = min(self.start, self.rows)
+        if not self.codec.identity and r0 + size <= self.rows:
+            self.first = (r0, r0 + size, self.views(r0, r0 + size))
+
+    def first_views(self, r0: int, r1: int) -> list[torch.Tensor]:
+        """`views(r0, r1)`, handed over ready when they are the batch widened ahead (once:
+        the trainer owns them from then on)."""
+        first, self.first = self.first, None
+        if first is not None and first[0] == r0 and first[1] == r1:
+            return first[2]
+        return self.views(r0, r1)
+
     def views(self, r0: int, r1: int) -> list[torch.Tensor]:
         """Rows r0..r1's served fields, for a trainer that takes zero-copy CPU batches: views
         of the file where it stores them as served, else widened now into memory of their
@@ -106,5 +136,7 @@ class LoadedFile:
         is faulted in steady state, and autograd may keep any batch alive safely)."""
         if self.codec.identity:
             return [t[r0:r1] for t in self.served]  # type: ignore[union-attr]  # set above
+        if self.widen is not None:
+            return [f[r0:r1].to(dtype) for f, dtype in self.widen]
         fields = [None if f is None else f[r0:r1] for f in self.row_fields]
         return self.codec.serve(fields, self.stored_rows(r0, r1))

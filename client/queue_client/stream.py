@@ -7,10 +7,12 @@ mapped file and widens those rows into the tensors it returns (one copy_ per fie
 no syscall, no per-sample loop. Zero-copy CPU trainers get views of the file where it stores
 the served fields, else the rows widened into a batch's own memory; copies (`out=`, copy=True, CUDA) start from the
 stored tensors, narrow token ids and all, and widen them on the way (storage.py).
-Leasing, crc32, loading and paging in all happen in a background thread,
-`prefetch_files` ahead (deeper for a trainer that reads files faster than they are fetched:
-readahead.py), and cost the file switch nothing: the prefetched file takes over, the
-finished one is released in the background, and the prefetch of the one after starts.
+Leasing, crc32, loading and paging in all happen in the stream's background threads
+(lane.py), `prefetch_files` ahead (deeper for a trainer that reads files faster than they are
+fetched: readahead.py), and cost the file switch next to nothing: the prefetched file takes
+over with its first batch already widened (for zero-copy CPU batches of the size the trainer
+last took at a switch), and the release of the finished file and the fetch of the next are
+handed to those threads with one queue put each.
 
 With transport "grpc" the background thread streams the file instead of mapping it
 (fetch.py); the tensors then live in memory, and the hot path is the same.
@@ -18,17 +20,20 @@ With transport "grpc" the background thread streams the file instead of mapping 
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Literal
+from functools import partial
 
 import torch
 
 from queue_client import errors
 from queue_client.batchfile import load_batch_bytes
 from queue_client.file_map import map_leased, prefault
-from queue_client.readahead import prestart_threads, read_ahead_for
+from queue_client.lane import Lane
+from queue_client.readahead import read_ahead_for
 from queue_client.resume import StreamPlan
 from queue_client.rows import LoadedFile, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
@@ -37,10 +42,14 @@ from queue_client.stream_api import LeaseRef, LeaseSource, StreamView
 from queue_client.transfer import Transfer
 from queue_client.wire import batchqueue_pb2 as pb
 
+log = logging.getLogger("queue_client")
+
 CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
 # Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
 # before the file arrived) before giving up.
 _CORRUPT_RETRIES = 3
+# A stream's threads beyond its fetches in flight: releases in flight at once.
+_RELEASE_THREADS = 3
 
 
 class SplitStream:
@@ -85,7 +94,20 @@ class SplitStream:
         self._pending: deque[tuple[Future[LoadedFile], tuple[int, int] | None]] = deque()
         self._finished: list[LoadedFile] = []  # read to their end, not yet released
         self._opened_at = 0.0  # when the current file served its first rows
-        prestart_threads(source.executor)
+        # Rows of zero-copy batches the trainer took at its last switch: the background
+        # widens a fetched file's first batch of that size ahead (0: none, for out= buffers,
+        # copies and devices, which start from the stored rows).
+        self._size = 0
+        # Fetches in flight at the deepest read-ahead, and releases beside them: a release
+        # RPC of a loaded server can outlast the reading of a file or two, and a fetch must
+        # never queue behind one.
+        self._lane = Lane(
+            f"queue-client-{split}",
+            max(1, self.read_ahead.cap) + _RELEASE_THREADS,
+            f"the {source.dataset}/{split} stream",
+        )
+        # A stream dropped unclosed (its client never closed) leaves no idle threads behind.
+        weakref.finalize(self, self._lane.stop)
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
         """What a batch of `size` rows is served as: (shape, dtype) per field."""
@@ -120,6 +142,7 @@ class SplitStream:
         cur, r0 = self.current, self.row
         r1 = r0 + size
         if cur is None or r1 > cur.rows:
+            self._size = 0
             for f, a, b, at in self._segments(size):
                 transfer.deliver_into(f.stored_batch(a, b), [o[at : at + b - a] for o in outs])
             self._after_switch()
@@ -130,11 +153,12 @@ class SplitStream:
     def _crossing(self, transfer: Transfer, size: int) -> list[torch.Tensor]:
         """A batch whose rows are not all in the current file: the end of one file, then
         the start of the next (or a first file)."""
+        self._size = size if transfer.serves_views else 0
         segments = self._segments(size)
         if len(segments) == 1:
             f, a, b, _ = segments[0]
             if transfer.serves_views:
-                outs = f.views(a, b)
+                outs = f.first_views(a, b)
             else:
                 outs = transfer.deliver(f.stored_batch(a, b))
         elif transfer.serves_views:
@@ -182,9 +206,39 @@ class SplitStream:
         return seq, 0, False
 
     def _submit(self) -> None:
+        self._lane.put(self._fetch_job())
+
+    def _fetch_job(self) -> Callable[[], None]:
+        """Take the next file in line as pending; the lane job that fetches it."""
+        self._lane.check_open()
         seq, offset, carried = self._take()
-        job = self.source.executor.submit(self._fetch, seq, offset, carried, self._clock())
+        job: Future[LoadedFile] = Future()
         self._pending.append((job, None if seq is None else (seq, offset)))
+        return partial(self._fetch_into, job, seq, offset, carried, self._clock(), self._size)
+
+    def _fetch_into(
+        self,
+        job: Future[LoadedFile],
+        seq: int | None,
+        start: int,
+        carried: bool,
+        submitted: float,
+        size: int,
+    ) -> None:
+        """A lane job: fetch a file into `job`, unless the stream gave it up first."""
+        if not job.set_running_or_notify_cancel():
+            return
+        try:
+            loaded = self._fetch(seq, start, carried, submitted)
+        except BaseException as exc:
+            job.set_exception(exc)
+            return
+        if size:
+            try:
+                loaded.prepare_first(size)
+            except Exception:  # the switch widens the batch itself, as without this
+                log.exception("widening the first batch of seq %s ahead failed", loaded.seq)
+        job.set_result(loaded)
 
     def _advance(self) -> None:
         if not self._pending:
@@ -211,14 +265,24 @@ class SplitStream:
     def _after_switch(self) -> None:
         """Release the finished files and prefetch the next ones: after the batch that
         switched files is made, so the background threads this wakes take no GIL or core
-        from that call."""
+        from that call. All in one queue put (lane.py): fetches first."""
+        jobs = []
         while len(self._pending) < self.read_ahead.depth:
-            self._submit()
-        finished, self._finished = self._finished, []
-        for old in finished:
-            # The release job holds the finished file last, so it is unmapped off this thread.
-            self.source.release_later(old.lease, CONSUMED, old.waited_s, keep=old)
-        del finished
+            jobs.append(self._fetch_job())
+        # The release job holds a finished file last, so it is unmapped off this thread:
+        # nothing here keeps one once the jobs are handed over.
+        jobs.extend(partial(self._release_finished, old) for old in self._finished)
+        self._finished.clear()
+        self._lane.put_all(jobs)
+        jobs.clear()
+
+    def _release_finished(self, old: LoadedFile) -> None:
+        """A lane job: release a file read to its end."""
+        ref = old.lease
+        try:
+            self.source.release(ref, CONSUMED, waited_s=old.waited_s)
+        except errors.BatchQueueError as exc:
+            log.warning("releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
 
     def _give_back_pending(self, first: tuple[int, int] | None = None) -> None:
         """Return every prefetched file unread and put them (after `first`) back in line."""
@@ -309,32 +373,16 @@ class SplitStream:
 
     def view(self) -> StreamView:
         """A snapshot of where the stream stands; see StreamView. Cheap, and changes nothing."""
-        pending, cur = self._pending, self.current
-        next_file: Literal["none", "loading", "ready"] = (
-            "none" if not pending else "ready" if pending[0][0].done() else "loading"
-        )
-        ready = 0
-        while ready < len(pending) and pending[ready][0].done():
-            ready += 1
-        depth = self.read_ahead.depth
-        if cur is None:
-            return StreamView(self.split, None, 0, 0, next_file, 0, 0, depth, ready)
-        offset = -(-self.row // cur.batch_size)  # a batch begun counts as read
-        return StreamView(
-            self.split,
-            cur.seq,
-            offset,
-            cur.num_batches,
-            next_file,
-            self.row,
-            cur.rows,
-            depth,
-            ready,
-        )
+        cur = self.current
+        file = None if cur is None else (cur.seq, cur.num_batches, cur.batch_size, cur.rows)
+        done = [job.done() for job, _ in self._pending]
+        return StreamView.of(self.split, file, self.row, done, self.read_ahead.depth)
 
     def close(self) -> None:
-        """Give back what this stream holds: a finished file as consumed, the rest unread."""
+        """Give back what this stream holds: a finished file as consumed, the rest unread.
+        The releases already handed to the background are done when this returns."""
         self._give_back_pending()
+        self._lane.close()
         finished, self._finished = self._finished, []
         for old in finished:
             self.source.release(old.lease, CONSUMED)

@@ -3,7 +3,6 @@ it gives of where it stands (StreamView), and what it needs from the client (Lea
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -41,6 +40,27 @@ class StreamView:
     read_ahead: int = 0  # files the stream keeps leased and loaded ahead (readahead.py)
     ready_ahead: int = 0  # of those, the ones loaded, in reading order, up to the first not
 
+    @classmethod
+    def of(
+        cls,
+        split: str,
+        file: tuple[int, int, int, int] | None,
+        row: int,
+        done: list[bool],
+        depth: int,
+    ) -> StreamView:
+        """The view of a stream reading `file` (seq, batches, rows per batch, rows; None
+        for none) at `row`, whose files read ahead are done or not, in reading order."""
+        next_file: Literal["none", "loading", "ready"] = (
+            "none" if not done else "ready" if done[0] else "loading"
+        )
+        ready = done.index(False) if False in done else len(done)
+        if file is None:
+            return cls(split, None, 0, 0, next_file, 0, 0, depth, ready)
+        seq, batches, batch_size, rows = file
+        offset = -(-row // batch_size)  # a batch begun counts as read
+        return cls(split, seq, offset, batches, next_file, row, rows, depth, ready)
+
     @property
     def opens_file(self) -> bool:
         """The next get_batch opens a file (the first one, or the one after this): its
@@ -64,7 +84,6 @@ class LeaseSource(Protocol):
     file_batch_size: int  # the files' unit: rows per stored batch
     verify_checksums: bool
     transport: str  # "file" or "grpc"
-    executor: ThreadPoolExecutor
 
     def acquire(
         self, split: str, seq: int | None, deadline: float, carried: bool = False
@@ -73,12 +92,5 @@ class LeaseSource(Protocol):
     def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes: ...  # pragma: no cover
     def files_ahead_allowed(self, split: str) -> int | None: ...  # pragma: no cover
     def release(
-        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = ""
-    ) -> None: ...  # pragma: no cover
-    def release_later(
-        self,
-        ref: LeaseRef,
-        outcome: pb.ReleaseOutcome,
-        waited_s: float = 0.0,
-        keep: object = None,
+        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = "", waited_s: float = 0.0
     ) -> None: ...  # pragma: no cover
