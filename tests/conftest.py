@@ -25,14 +25,20 @@ SUPPORT = Path(__file__).resolve().parent / "support"
 pytest_plugins = ["ray_cluster"]  # the session's two-node Ray cluster fixture
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist, the tests that share a module-scoped fixture (servers started once
     for the module) run in one worker process, so the fixture is built once per run, not
     once per worker that happens to get one of them. Tests already in a group (the Ray
-    ones) stay there."""
+    ones) stay there.
+
+    tryfirst: xdist reads the groups in its own pytest_collection_modifyitems, which runs
+    before a trylast one; groups marked after it are silently ignored."""
+    if not items:
+        return
+    uses_ray = items[0].config.pluginmanager.get_plugin("ray_cluster").uses_ray
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
+        if item.get_closest_marker("xdist_group") is not None or uses_ray(item):
             continue
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs.values() if info is not None else ()

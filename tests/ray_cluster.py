@@ -88,12 +88,18 @@ class RayCluster:
 RAY_FIXTURES = ("ray_cluster", "ray_head")
 
 
+def uses_ray(item: pytest.Item) -> bool:
+    """Whether a test uses one of the Ray cluster fixtures."""
+    return any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test` runs -n N --dist loadgroup) every test that uses a
     Ray cluster runs in one worker process, so the run starts one session cluster, not one per
     worker, and two clusters never compete for the same cores."""
     for item in items:
-        if any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES):
+        if uses_ray(item):
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 

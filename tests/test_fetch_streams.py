@@ -145,6 +145,14 @@ OPEN = "batchqueue_fetch_streams_open{}"
 REFUSED = "batchqueue_fetch_streams_refused_total{}"
 
 
+@pytest.fixture(autouse=True)
+def no_stream_open(server: ServerProcess) -> None:
+    """Each test starts with no stream open: the server ends an earlier test's streams when
+    it sees their clients go, which on a busy machine can be after the next test began, and
+    one still open would take a slot of the cap from it."""
+    wait_until(lambda: metrics(server).get(OPEN, 0) == 0, PATIENCE_S, "no FetchFile stream open")
+
+
 def test_unread_streams_hold_a_few_chunks_each_and_the_cap_refuses_more(
     server: ServerProcess,
 ) -> None:
