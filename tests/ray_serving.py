@@ -42,6 +42,11 @@ def gated_config(gate: Path, extra: str) -> str:
     )
 
 
+# How long a trainer waits for a batch: a Ray worker that imports torch took 60 s and more
+# to make its first file on 2 cores at load 7-10 (the suite's 3 processes beside 2 busy ones).
+READ_TIMEOUT_S = 240
+
+
 def read_batches(
     server: ServerProcess, dataset: str, batches: int, out: Path, resume: Path | None = None
 ) -> list[tuple[int, int, str]]:
@@ -49,7 +54,7 @@ def read_batches(
     [(seq, offset, hash of the batch's bytes)]. Its state dict is saved beside `out`; it
     resumes from the one at `resume`, as a trainer restarted from a checkpoint."""
     proc = reader(server, dataset, batches, out, resume)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=2 * READ_TIMEOUT_S)
     assert proc.returncode == 0, f"the trainer process failed ({proc.returncode}):\n{err}"
     return read_out(out)
 
@@ -66,7 +71,15 @@ def reader(
         "state_out": str(state_of(out)),
     }
     spec.write_text(
-        json.dumps({"address": server.address, "rank": 0, "world_size": 1, "jobs": [job]})
+        json.dumps(
+            {
+                "address": server.address,
+                "rank": 0,
+                "world_size": 1,
+                "jobs": [job],
+                "timeout_s": READ_TIMEOUT_S,
+            }
+        )
     )
     return subprocess.Popen(
         [sys.executable, str(SUPPORT / "rank_client.py"), str(spec)],

@@ -33,6 +33,10 @@ from conftest import ServerFactory, char_config, process_tree, subprocess_env, w
 from queue_server.production.ray_connect import CONNECT_TIMEOUT_S
 from queue_server.testing import ServerProcess
 
+# A Ray worker that imports torch takes a minute and more to make a first file on a loaded
+# 2-core machine; each wait below is on a condition, and this only bounds a hung test.
+pytestmark = pytest.mark.timeout(600)
+
 
 def test_a_ray_server_serves_the_batches_of_a_local_server(
     ray_cluster: RayCluster, start_server: ServerFactory, corpus: Path, tmp_path: Path
@@ -75,7 +79,7 @@ def test_an_actor_killed_mid_file_has_its_seq_made_again(
     # Train's actor stops in seq 2 and is killed there (val's starts on its first lease, and
     # nothing reads val here).
     markers = wait_until(
-        lambda: list(gate.glob("making-2-*")), 60, "train's actor to start making seq 2"
+        lambda: list(gate.glob("making-2-*")), 240, "train's actor to start making seq 2"
     )
     for marker in markers:
         os.kill(int(marker.name.rsplit("-", 1)[1]), signal.SIGKILL)

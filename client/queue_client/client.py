@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +139,6 @@ class QueueClient(LeaseMixin, SteeringMixin):
                 address,
             )
         self._transfer = Transfer(self.device, copy=copy)
-        # Prefetch jobs of two splits (read ahead up to 2 x prefetch_files), and releases.
-        self.executor = ThreadPoolExecutor(
-            max_workers=4 * prefetch_files + 2, thread_name_prefix="queue-client"
-        )
         self._streams: dict[str, SplitStream] = {}
         self._resume: dict[str, StreamPlan] = {}
         self._held: dict[int, LeaseRef] = {}
@@ -306,7 +301,6 @@ class QueueClient(LeaseMixin, SteeringMixin):
             except errors.BatchQueueError as exc:
                 log.warning("closing %s/%s: %s", self.dataset, stream.split, exc)
         self._stop_renewing.set()
-        self.executor.shutdown(wait=True)
         if self._renewer is not None:
             self._renewer.join(timeout=5)
         self._rpc.close()

@@ -38,7 +38,7 @@ def main() -> None:
             job["dataset"],
             rank=spec["rank"],
             world_size=spec["world_size"],
-            timeout_s=60,
+            timeout_s=spec.get("timeout_s", 60),
         )
         clients.append(client)
         if job.get("state_in"):
