@@ -85,13 +85,16 @@ class LoadedFile:
         self.row_fields = self.codec.field_views(self.row_stored)
         if self.codec.identity:
             self.served = self.row_fields  # type: ignore[assignment]  # identity: all direct
-        elif self.codec._copies_only and all(self.rowwise):  # no field derived: all views
+        elif (
+            self.codec.copies_only
+            and all(self.rowwise)
+            and all(f is not None for f in self.row_fields)
+        ):  # every field a view of the stored rows: each call widens them itself
             self.widen = [
                 (f, torch_dtype(spec.dtype))
                 for f, spec in zip(self.row_fields, self.codec.schema, strict=True)
                 if f is not None
             ]
-            assert len(self.widen) == len(self.codec.schema)
 
     def stored_rows(self, r0: int, r1: int) -> list[torch.Tensor]:
         """Rows r0..r1 of every stored tensor (a per-batch one: the batch r0 lies in)."""

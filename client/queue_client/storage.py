@@ -148,6 +148,12 @@ class BatchCodec:
         for i in self._derived:
             outs[i].copy_(self._derive(i, served, stored, scratch))
 
+    @property
+    def copies_only(self) -> bool:
+        """Whether every served field is one widening copy of a stored slice (nothing
+        finished or derived): a reader may then widen the views itself."""
+        return self._copies_only
+
     def decode(self, stored: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every served field of a mapping of stored tensors (a whole file, or one batch)."""
         tensors = [stored[n] for n in self.stored_names]
