@@ -1,8 +1,8 @@
 """A queue server on a chosen event loop, for row 4's uvloop-against-asyncio comparison.
 
 The `queue-server` CLI always runs uvloop; this runs the same `create_server` under either
-loop, with the CLI's flags (--config, --data-root, --listen, --ready-file), and stops on
-SIGTERM or SIGINT.
+loop, with the CLI's flags (--config, --data-root, --listen, --ready-file, --parent-pipe),
+and stops on SIGTERM or SIGINT.
 
     python -m bench.loop_server --loop asyncio --config c.toml --listen 127.0.0.1:0 --ready-file r.json
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from queue_server.app import create_server
 from queue_server.config.server import ServerConfig, load_config
+from queue_server.parent_watch import stop_with_parent
 
 
 async def _serve(config: ServerConfig, ready_file: Path) -> None:
@@ -43,7 +44,10 @@ def main() -> None:
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--listen", required=True)
     p.add_argument("--ready-file", type=Path, required=True)
+    p.add_argument("--parent-pipe", type=int, help="stop once the starting process is gone")
     args = p.parse_args()
+    if args.parent_pipe is not None:
+        stop_with_parent(args.parent_pipe)
     config = replace(
         load_config(args.config), data_root=args.data_root.resolve(), listen=args.listen
     )

@@ -4,13 +4,16 @@ reported."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import char_config, subprocess_env
+from conftest import char_config, process_gone, process_tree, subprocess_env
 from queue_server.testing import ServerExited, ServerProcess, wait_until
 
 # Stands in for a server that binds but ignores SIGTERM: the one shape stop() must not wait out.
@@ -68,3 +71,62 @@ def test_stop_kills_a_server_that_ignores_sigterm_and_says_so(tmp_path: Path) ->
     with pytest.raises(TimeoutError, match=r"did not stop within 0\.5s of SIGTERM"):
         server.stop(timeout_s=0.5)
     assert server.proc.returncode is not None and server.proc.returncode < 0
+
+
+def test_a_server_whose_test_process_is_killed_stops_and_frees_the_data_root(
+    tmp_path: Path, corpus: Path
+) -> None:
+    """A test run that is itself killed (a timeout, a Ctrl-C twice, SIGKILL) leaves no server
+    behind to hold a port, a data-root lock and CPU: each one watches a pipe from the process
+    that started it, and stops gracefully once that process is gone."""
+    root, said = tmp_path / "data", tmp_path / "serving"
+    harness = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import os, time
+                from pathlib import Path
+                from queue_server.testing import ServerProcess
+
+                server = ServerProcess(
+                    Path({str(tmp_path / "server")!r}),
+                    data_root=Path({str(root)!r}),
+                    config_text={char_config(corpus)!r},
+                )
+                server.wait_serving(120)
+                Path({str(said)!r}).write_text(str(server.pid))
+                time.sleep(600)  # killed long before
+                """
+            ),
+        ],
+        env=subprocess_env(),
+    )
+    server_side: set[int] = set()
+    try:
+        wait_until(lambda: said.exists() or harness.poll() is not None, 150, "a serving server")
+        assert harness.poll() is None, "the harness ended while its server started"
+        server_pid = int(said.read_text())
+        server_side = process_tree(server_pid)
+        assert len(server_side) >= 2, server_side  # the server and its forkserver at least
+        harness.kill()
+        harness.wait(timeout=30)
+        wait_until(
+            lambda: all(process_gone(pid) for pid in server_side),
+            120,
+            f"the server processes {sorted(server_side)} to end with their test process",
+        )
+        log = (tmp_path / "server" / "server.log").read_text(errors="replace")
+        assert "shutting down (SIGTERM)" in log, log[-2000:]  # the graceful stop, not a kill
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        for pid in server_side:  # what a failure left running (ours: started by this test)
+            if not process_gone(pid):
+                os.kill(pid, signal.SIGKILL)
+    again = ServerProcess(tmp_path / "again", data_root=root, config_text=char_config(corpus))
+    try:
+        again.wait_serving(120)  # the lock on the data root is free
+    finally:
+        again.stop()

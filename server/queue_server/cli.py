@@ -30,6 +30,7 @@ from queue_server.app import QueueServer
 from queue_server.config.server import ServerConfig, load_config, parse_listen
 from queue_server.dataset import DatasetRuntime
 from queue_server.logs import configure_logging
+from queue_server.parent_watch import stop_with_parent
 from queue_server.reset import NothingToReset, reset_dataset
 
 
@@ -70,6 +71,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="when a dataset fails, keep serving the others and report it NOT_SERVING with its "
         "reason in health and stats, instead of exiting with code 2 (sets server.keep_serving)",
+    )
+    p.add_argument(
+        "--parent-pipe",
+        type=int,
+        metavar="FD",
+        help="the read end of a pipe inherited from the process that started this one: when "
+        "its write end closes (that process ended, however), stop as on SIGTERM. For a "
+        "supervisor or a test harness whose children must not outlive it",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per produced file")
     return p.parse_args(argv)
@@ -219,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         return _reset(argv[1:])
     args = _parse_args(argv)
     configure_logging(args.verbose)
+    if args.parent_pipe is not None:
+        stop_with_parent(args.parent_pipe)
     try:
         config = build_config(args)
     except ConfigError as exc:

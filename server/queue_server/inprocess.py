@@ -55,7 +55,7 @@ from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.config.server import DatasetConfig, ServerConfig, parse_config
 from queue_server.config.tables import check_json, server_tables
 from queue_server.dataset import FAILED
-from queue_server.parent_watch import ParentPipe, watch_parent
+from queue_server.parent_watch import ParentPipe, stop_with_parent
 from queue_server.testing import ServerExited, ServerProcess, wait_until
 
 if sys.version_info >= (3, 11):
@@ -73,8 +73,6 @@ _SAID = "queue-server: "
 _CONFIG_ERROR = _SAID + "config error: "
 # How long a server whose dataset failed gets to stop and print its reason.
 _EXIT_AFTER_FAILURE_S = 30.0
-# How long a server whose caller is gone gets for its graceful stop.
-_ORPHAN_STOP_S = 60.0
 
 
 class ServeError(RuntimeError):
@@ -300,18 +298,7 @@ def _child_main(argv: list[str]) -> int:
     parent_gone = threading.Event()
     if args.parent_pipe is not None:
         signal.signal(signal.SIGTERM, _stop_before_serving)
-
-        def on_parent_gone() -> None:
-            parent_gone.set()
-            os.kill(os.getpid(), signal.SIGTERM)
-            # A stop that hangs is a bug, but no orphan may hold the port and the lock for
-            # it: past this, exit at once (workers exit with the server's end of their
-            # sockets, and the kernel drops the lock).
-            watchdog = threading.Timer(_ORPHAN_STOP_S, os._exit, args=(1,))
-            watchdog.daemon = True
-            watchdog.start()
-
-        watch_parent(args.parent_pipe, on_parent_gone)
+        parent_gone = stop_with_parent(args.parent_pipe)
     try:
         return cli.main([*rest, "--config", str(args.spec), *verbose])
     finally:

@@ -15,8 +15,12 @@ across an exec (os.pipe's descriptors are not inheritable).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Callable
+
+# How long a process whose parent is gone gets for its graceful stop before it exits at once.
+ORPHAN_STOP_S = 60.0
 
 # Write ends held by this process: closed in a child forked from it.
 _write_ends: set[int] = set()
@@ -81,4 +85,22 @@ def watch_parent(read_fd: int, on_parent_gone: Callable[[], None]) -> threading.
     return thread
 
 
-__all__ = ["ParentPipe", "watch_parent"]
+def stop_with_parent(read_fd: int, *, grace_s: float = ORPHAN_STOP_S) -> threading.Event:
+    """Once the parent is gone, send this process SIGTERM (its graceful stop), and past
+    `grace_s` exit at once: a stop that hangs is a bug, but no orphan may keep a port and a
+    data-root lock for it (workers end with the server's end of their sockets, and the kernel
+    drops the lock). The event returned is set when the parent is gone."""
+    gone = threading.Event()
+
+    def on_parent_gone() -> None:
+        gone.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        watchdog = threading.Timer(grace_s, os._exit, args=(1,))
+        watchdog.daemon = True
+        watchdog.start()
+
+    watch_parent(read_fd, on_parent_gone)
+    return gone
+
+
+__all__ = ["ORPHAN_STOP_S", "ParentPipe", "stop_with_parent", "watch_parent"]

@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_server.parent_watch import ParentPipe
 
 T = TypeVar("T")
 
@@ -89,6 +90,8 @@ class ServerProcess:
     `own_process_group` starts it in a process group of its own (with its workers), so that
     `signal_group` can send a signal to all of them, as a terminal's Ctrl-C does.
     `pass_fds` are descriptors the process inherits (as subprocess.Popen's pass_fds).
+    `stop_with_parent` adds --parent-pipe: the server stops once this process has ended,
+    however it ended, so a test run or a benchmark that is killed leaves no server behind.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class ServerProcess:
         own_process_group: bool = False,
         metrics_listen: str | None = "127.0.0.1:0",
         pass_fds: Sequence[int] = (),
+        stop_with_parent: bool = True,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
@@ -124,6 +128,11 @@ class ServerProcess:
         if metrics_listen is not None and "--metrics-listen" not in args:
             cmd += ["--metrics-listen", metrics_listen]
         cmd += args
+        self._parent_pipe: ParentPipe | None = None
+        if stop_with_parent and "--parent-pipe" not in args:
+            self._parent_pipe = ParentPipe()
+            cmd += ["--parent-pipe", str(self._parent_pipe.read_fd)]
+            pass_fds = (*pass_fds, self._parent_pipe.read_fd)
         if env is None:
             env = {**os.environ, "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR")}
         with open(self.log_path, "wb") as log:
@@ -136,6 +145,8 @@ class ServerProcess:
                 start_new_session=own_process_group,
                 pass_fds=tuple(pass_fds),
             )
+        if self._parent_pipe is not None:
+            self._parent_pipe.child_started()
         self.pid = self.proc.pid
         self.signalled = False  # set once this process sends it a signal
         self._exit_reported = False
@@ -243,6 +254,7 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         self.proc.wait(timeout=timeout_s)
+        self._release_parent_pipe()
 
     def signal_group(self, sig: int) -> None:
         """Send `sig` to the server's whole process group (started with own_process_group),
@@ -255,11 +267,19 @@ class ServerProcess:
     def wait_exit(self, timeout_s: float = 60.0) -> int:
         """Wait for the process to end by itself; its exit code. TimeoutError names the log."""
         try:
-            return self.proc.wait(timeout=timeout_s)
+            code = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise TimeoutError(
                 f"queue-server pid {self.pid} still runs after {timeout_s:g}s:\n{self.log_tail()}"
             ) from None
+        self._release_parent_pipe()
+        return code
+
+    def _release_parent_pipe(self) -> None:
+        """The process has ended: close our end of its --parent-pipe."""
+        if self._parent_pipe is not None:
+            self._parent_pipe.close()
+            self._parent_pipe = None
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Shut down gracefully (SIGTERM). A server still running after timeout_s is killed,
@@ -269,6 +289,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=timeout_s)
+            self._release_parent_pipe()
             raise TimeoutError(
                 f"queue-server pid {self.pid} did not stop within {timeout_s:g}s of SIGTERM and "
                 f"was killed:\n{self.log_tail()}"
