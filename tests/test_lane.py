@@ -13,6 +13,15 @@ from queue_client import errors
 from queue_client.lane import Lane
 
 
+def _lane_with_held_threads(threads: int) -> tuple[Lane, threading.Event]:
+    """A lane whose every thread runs a job that waits for the event returned."""
+    lane = Lane("queue-client-test", threads, "the test stream")
+    gate = threading.Event()
+    for _ in range(threads):
+        lane.put(lambda: gate.wait(60))
+    return lane, gate
+
+
 def test_one_put_hands_over_several_jobs_and_each_runs_once_on_a_lane_thread() -> None:
     lane = Lane("queue-client-test", 3, "the test stream")
     ran: list[tuple[int, str]] = []
@@ -32,13 +41,10 @@ def test_one_put_hands_over_several_jobs_and_each_runs_once_on_a_lane_thread() -
 
 
 def test_close_runs_every_job_handed_over_first_even_those_a_spread_put_back() -> None:
-    lane = Lane("queue-client-test", 2, "the test stream")
-    gate = threading.Event()
-    ran: list[int] = []
     # Both threads busy: what close finds queued (a spread whose jobs go back on the queue
     # behind close's own stop marks) still runs before close returns.
-    lane.put(lambda: gate.wait(60))
-    lane.put(lambda: gate.wait(60))
+    lane, gate = _lane_with_held_threads(2)
+    ran: list[int] = []
     lane.put_all([lambda: ran.append(1), lambda: ran.append(2), lambda: ran.append(3)])
     lane.put(lambda: ran.append(4))
     closer = threading.Thread(target=lane.close)
@@ -79,10 +85,8 @@ def test_a_closed_lane_refuses_work_naming_its_owner() -> None:
 
 
 def test_stop_ends_the_threads_after_the_jobs_handed_over_without_waiting_for_them() -> None:
-    lane = Lane("queue-client-test", 2, "the test stream")
-    gate = threading.Event()
+    lane, gate = _lane_with_held_threads(1)
     ran: list[int] = []
-    lane.put(lambda: gate.wait(60))
     lane.put(lambda: ran.append(1))
     lane.stop()  # returns at once, with a job still running
     assert not gate.is_set()
