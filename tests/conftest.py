@@ -250,3 +250,23 @@ def process_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return "\nState:\tZ" in status
+
+
+def kill_leftovers(pids: set[int]) -> None:
+    """SIGKILL whichever of `pids` (processes this test started) a failure left running."""
+    for pid in pids:
+        if not process_gone(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended meanwhile
+                pass
+
+
+def assert_root_serves_again(workdir: Path, root: Path, config_text: str) -> None:
+    """A new server on `root` serves: the data-root lock is free and the root is as a
+    restarted server expects it."""
+    again = ServerProcess(workdir, data_root=root, config_text=config_text)
+    try:
+        again.wait_serving(120)
+    finally:
+        again.stop()

@@ -5,8 +5,6 @@ process forked from the caller does not keep it open."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -14,7 +12,9 @@ import threading
 from pathlib import Path
 
 from conftest import (
+    assert_root_serves_again,
     char_config,
+    kill_leftovers,
     process_gone,
     process_tree,
     run_client_script,
@@ -23,7 +23,6 @@ from conftest import (
 )
 from queue_client import QueueClient
 from queue_server import serve
-from queue_server.testing import ServerProcess
 
 
 def test_a_server_whose_caller_is_killed_stops_and_frees_the_data_root(
@@ -73,15 +72,8 @@ def test_a_server_whose_caller_is_killed_stops_and_frees_the_data_root(
     finally:
         if caller.poll() is None:
             caller.kill()
-        for pid in server_side:  # what a failure left running (ours: started by this test)
-            if not process_gone(pid):
-                os.kill(pid, signal.SIGKILL)
-    # The lock is free and the root is as a restarted server expects it.
-    again = ServerProcess(tmp_path / "again", data_root=root, config_text=char_config(corpus))
-    try:
-        again.wait_serving(120)
-    finally:
-        again.stop()
+        kill_leftovers(server_side)
+    assert_root_serves_again(tmp_path / "again", root, char_config(corpus))
 
 
 def test_a_process_forked_from_the_caller_does_not_keep_the_pipe_open() -> None:

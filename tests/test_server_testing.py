@@ -4,8 +4,6 @@ reported."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -13,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import char_config, process_gone, process_tree, subprocess_env
+from conftest import (
+    assert_root_serves_again,
+    char_config,
+    kill_leftovers,
+    process_gone,
+    process_tree,
+    subprocess_env,
+)
 from queue_server.testing import ServerExited, ServerProcess, wait_until
 
 # Stands in for a server that binds but ignores SIGTERM: the one shape stop() must not wait out.
@@ -96,7 +101,8 @@ def test_a_server_whose_test_process_is_killed_stops_and_frees_the_data_root(
                     config_text={char_config(corpus)!r},
                 )
                 server.wait_serving(120)
-                Path({str(said)!r}).write_text(str(server.pid))
+                Path({str(said)!r} + ".tmp").write_text(str(server.pid))
+                os.replace({str(said)!r} + ".tmp", {str(said)!r})
                 time.sleep(600)  # killed long before
                 """
             ),
@@ -122,11 +128,22 @@ def test_a_server_whose_test_process_is_killed_stops_and_frees_the_data_root(
     finally:
         if harness.poll() is None:
             harness.kill()
-        for pid in server_side:  # what a failure left running (ours: started by this test)
-            if not process_gone(pid):
-                os.kill(pid, signal.SIGKILL)
-    again = ServerProcess(tmp_path / "again", data_root=root, config_text=char_config(corpus))
-    try:
-        again.wait_serving(120)  # the lock on the data root is free
-    finally:
-        again.stop()
+        kill_leftovers(server_side)
+    assert_root_serves_again(tmp_path / "again", root, char_config(corpus))
+
+
+def test_a_parent_pipe_that_is_not_an_open_pipe_is_refused_by_name(tmp_path: Path) -> None:
+    """A wrong descriptor would read as a parent already gone and stop the server at once
+    with nothing said; it is refused before anything starts, naming the flag and the fd."""
+    with open(tmp_path / "plain.txt", "w") as plain:
+        for fd, why in ((987, "not an open descriptor"), (plain.fileno(), "not a pipe")):
+            done = subprocess.run(
+                [sys.executable, "-m", "queue_server", "--parent-pipe", str(fd),
+                 "--data-root", str(tmp_path / "data"), "--listen", "127.0.0.1:0",
+                 "--metrics-listen", ""],
+                capture_output=True, text=True, timeout=120, env=subprocess_env(),
+                pass_fds=(plain.fileno(),),
+            )  # fmt: skip
+            assert done.returncode == 2, done.stderr
+            assert f"--parent-pipe {fd}: {why}" in done.stderr, done.stderr
+    assert not (tmp_path / "data").exists()  # refused before the data root was touched

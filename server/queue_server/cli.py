@@ -30,7 +30,7 @@ from queue_server.app import QueueServer
 from queue_server.config.server import ServerConfig, load_config, parse_listen
 from queue_server.dataset import DatasetRuntime
 from queue_server.logs import configure_logging
-from queue_server.parent_watch import stop_with_parent
+from queue_server.parent_watch import check_parent_pipe, stop_with_parent
 from queue_server.reset import NothingToReset, reset_dataset
 
 
@@ -229,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     configure_logging(args.verbose)
     if args.parent_pipe is not None:
+        try:
+            check_parent_pipe(args.parent_pipe)
+        except ValueError as exc:
+            print(f"queue-server: {exc}", file=sys.stderr)
+            return 2
         stop_with_parent(args.parent_pipe)
     try:
         config = build_config(args)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import threading
 from collections.abc import Callable
 
@@ -85,6 +86,17 @@ def watch_parent(read_fd: int, on_parent_gone: Callable[[], None]) -> threading.
     return thread
 
 
+def check_parent_pipe(read_fd: int) -> None:
+    """ValueError naming `read_fd` unless it is an open pipe: any other descriptor would read
+    as a parent already gone, and stop the process at once with nothing said."""
+    try:
+        mode = os.fstat(read_fd).st_mode
+    except (OSError, OverflowError):
+        raise ValueError(f"--parent-pipe {read_fd}: not an open descriptor") from None
+    if not stat.S_ISFIFO(mode):
+        raise ValueError(f"--parent-pipe {read_fd}: not a pipe (the read end of one is needed)")
+
+
 def stop_with_parent(read_fd: int, *, grace_s: float = ORPHAN_STOP_S) -> threading.Event:
     """Once the parent is gone, send this process SIGTERM (its graceful stop), and past
     `grace_s` exit at once: a stop that hangs is a bug, but no orphan may keep a port and a
@@ -103,4 +115,10 @@ def stop_with_parent(read_fd: int, *, grace_s: float = ORPHAN_STOP_S) -> threadi
     return gone
 
 
-__all__ = ["ORPHAN_STOP_S", "ParentPipe", "stop_with_parent", "watch_parent"]
+__all__ = [
+    "ORPHAN_STOP_S",
+    "ParentPipe",
+    "check_parent_pipe",
+    "stop_with_parent",
+    "watch_parent",
+]
