@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -22,6 +23,7 @@ from queue_client.errors import ConfigError
 from queue_client.layout import DatasetLayout, is_temp_name
 from queue_server import DatasetConfig, ServeError, ServerConfig, parse_config, serve, serve_async
 from queue_server.config.tables import server_tables
+from queue_server.inprocess import CHILD_COMMAND
 from queue_server.journal.file import Journal
 from queue_server.root_lock import DataRootLock
 
@@ -236,3 +238,41 @@ def test_config_objects_built_in_python(corpus: Path, tmp_path: Path) -> None:
     with serve(server) as address:
         assert read_batches(address, 1) == [(4, 16)]
     assert (tmp_path / "root" / "chars" / "meta.pkl").is_file()
+
+
+@pytest.mark.parametrize(
+    "entry, argv",
+    [
+        (CHILD_COMMAND[-1], ["--spec", "missing.json"]),  # serve()'s child, as serve() runs it
+        ("queue_server.entry", ["--config", "missing.toml"]),  # queue-server's entry point
+    ],
+)
+def test_a_server_process_starts_the_workers_forkserver_before_it_imports_grpc(
+    entry: str, argv: list[str], tmp_path: Path
+) -> None:
+    """The forkserver's torch import is what a first batch waits for: both entry points start
+    it before their own imports (gRPC first of them), so that it runs beside them. serve()'s
+    child once started it only after them, and its first batch came that much later."""
+    script = textwrap.dedent(
+        f"""
+        import runpy, sys
+        import queue_server.production.worker_process as workers
+        seen = []
+        workers.start_forkserver = lambda: seen.append("grpc" in sys.modules)
+        sys.argv = ["server", *{argv!r}]
+        try:
+            if {entry!r} == "queue_server.entry":
+                from queue_server.entry import main
+                main()
+            else:
+                runpy.run_module({entry!r}, run_name="__main__")
+        except BaseException:
+            pass  # the missing config: only the order before it matters here
+        print("STARTS", seen)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env=subprocess_env(),
+    )  # fmt: skip
+    assert "STARTS [False]" in proc.stdout, proc.stdout + proc.stderr

@@ -7,19 +7,25 @@ import os
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def prepare_server_process(start_workers: bool = True) -> None:
+    """What a server process does before it imports gRPC: `queue-server`'s (main below) and
+    serve()'s child's (serve_child.py)."""
     # The server starts processes by fork+exec (the forkserver, the head of a "local" Ray
     # instance). gRPC's fork handlers only log noise for that ("skipping fork() handlers"), and
     # gRPC reads this once, when it is first imported.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] != ["reset"] and not {"-h", "--help"} & set(args):
+    if start_workers:
         # The workers' forkserver imports torch (about a second of CPU): started first, it
         # runs beside the server's own imports and start, and the first file is made that
         # much sooner. It ends by itself when this process does, whatever happens next.
         from queue_server.production.worker_process import start_forkserver
 
         start_forkserver()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    prepare_server_process(args[:1] != ["reset"] and not {"-h", "--help"} & set(args))
     from queue_server.cli import main as cli_main
 
     return cli_main(argv)

@@ -23,7 +23,8 @@ The server also ends with its caller: it watches a pipe whose only write end the
 it, and the server stops the same graceful way, then removes its private folder. No orphan
 keeps the port, the workers, or the data root's lock.
 
-`python -m queue_server.inprocess --spec SPEC.json ...` is the child's entry point, and it is
+`python -m queue_server.serve_child --spec SPEC.json ...` is the child's entry point (it starts
+the workers' forkserver before its own imports, as `queue-server` does), and it is
 `queue-server` itself: the config crosses as the plain tables of a TOML file (config/tables.py)
 plus the folder that relative paths are relative to, so a config that never was a file keeps
 its meaning.
@@ -65,7 +66,7 @@ else:  # pragma: no cover
 
 ConfigSource = Union[str, "os.PathLike[str]", ServerConfig, DatasetConfig, Sequence[DatasetConfig]]
 
-CHILD_COMMAND = (sys.executable, "-m", "queue_server.inprocess")
+CHILD_COMMAND = (sys.executable, "-m", "queue_server.serve_child")
 SPEC_FILE = "spec.json"
 SOCKET_FILE = "queue.sock"
 # How the server's entry point starts the line that says why it exits (a config error: 2).
@@ -277,14 +278,14 @@ def _stop_before_serving(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _child_main(argv: list[str]) -> int:
+def child_main(argv: list[str]) -> int:
     """The server process: `queue-server` itself (its flags, logging, shutdown and exit codes),
     with its config loader handing over the spec's config instead of reading a TOML file.
     With --parent-pipe it stops (SIGTERM to itself, the graceful stop) once its parent is
     gone, and then removes the private folder its parent made, which nobody else will."""
     from queue_server import cli
 
-    p = argparse.ArgumentParser(prog="python -m queue_server.inprocess", add_help=False)
+    p = argparse.ArgumentParser(prog="python -m queue_server.serve_child", add_help=False)
     p.add_argument("--spec", type=Path, required=True)
     p.add_argument("--parent-pipe", type=int)
     args, rest = p.parse_known_args(argv)
@@ -307,6 +308,3 @@ def _child_main(argv: list[str]) -> int:
 
 
 __all__ = ["ServeError", "serve", "serve_async"]
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
