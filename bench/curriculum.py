@@ -13,6 +13,9 @@ The composer alone on a big vocabulary is bench/composer_scale.py (8d-8f).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from bench import composer_scale
 from bench.data import Tokens
 from bench.harness import Result, Settings, fmt, median
@@ -28,6 +31,50 @@ FIFO, CURRICULUM = "curriculum_off", "curriculum_on"
 
 def batches_per_file(settings: Settings) -> int:
     return settings.pick(50, 8)
+
+
+def _cpu_s(server_pid: int) -> dict[int, float]:
+    """CPU seconds so far of the server and every process under it, by pid."""
+    from bench.grain_peer import children
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in (server_pid, *children(server_pid)):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _cpu_per_batch(
+    server: Server, name: str, before: dict[int, float], after: dict[int, float], batches: int
+) -> dict[str, float]:
+    """CPU ms per served batch while `name` was read: its provider workers, the server, and
+    the rest (the curriculum's composer; the other dataset idles with a full backlog)."""
+    workers = {int(pid) for pid in server.split_stats(name)["worker_pids"]}
+    spent = {"provider": 0.0, "server": 0.0, "rest": 0.0}
+    for pid, cpu in after.items():
+        role = "provider" if pid in workers else "server" if pid == server.pid else "rest"
+        spent[role] += cpu - before.get(pid, 0.0)
+    return {role: 1e3 * s / max(batches, 1) for role, s in spent.items()}
+
+
+def _cpu_note(cpu_ms: dict[str, dict[str, float]]) -> str:
+    """Where the rate goes: each dataset has one provider worker, and the curriculum's makes
+    candidate_oversample candidates per served batch."""
+    fifo, cur = cpu_ms[FIFO], cpu_ms[CURRICULUM]
+    note = (
+        f"CPU per served batch: provider worker {fmt(cur['provider'])} ms (FIFO's "
+        f"{fmt(fifo['provider'])} ms), composer and the rest {fmt(cur['rest'])} ms, server "
+        f"{fmt(cur['server'])} ms (FIFO's {fmt(fifo['server'])} ms)"
+    )
+    if cur["provider"] > 0:
+        # FIFO's one worker is its bottleneck; the curriculum's, at its CPU per served batch,
+        # could serve at most this fraction of that even if the composer cost nothing.
+        note += f"; its one worker alone caps it at {fifo['provider'] / cur['provider']:.2f}x FIFO's rate"
+    return note
 
 
 def _curriculum_keys(settings: Settings) -> str:
@@ -77,9 +124,12 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
                 ns, n = walker.time_rest_of_file()
                 steady[name].append(ns / max(n, 1) / 1e3)
         amortised = {}
+        cpu_ms: dict[str, dict[str, float]] = {}
         for name, walker in walkers.items():
             walker.time_files(BACKLOG + 1)  # what was made ahead while idle
+            before = _cpu_s(server.pid)
             ns, n = walker.time_files(files)
+            cpu_ms[name] = _cpu_per_batch(server, name, before, _cpu_s(server.pid), n)
             amortised[name] = ns / max(n, 1) / 1e3
         stats = server.split_stats(CURRICULUM).get("curriculum", {})
     finally:
@@ -130,7 +180,8 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
             f">= {GOAL_RATE:.2f}x",
             amortised[FIFO] / amortised[CURRICULUM] >= GOAL_RATE,
             f"composer + provider {fmt(1e6 / amortised[CURRICULUM])} batches/s, provider alone "
-            f"{fmt(1e6 / amortised[FIFO])}; buffer {stats.get('buffer_batches', '?')} batches",
+            f"{fmt(1e6 / amortised[FIFO])}; buffer {stats.get('buffer_batches', '?')} batches; "
+            + _cpu_note(cpu_ms),
         ),
         *composer_scale.run(settings),
     ]
