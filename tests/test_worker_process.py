@@ -1,13 +1,18 @@
 """A worker start cancelled midway (a server stopping while it starts workers) leaves the
 forkserver serving: it once read EOF, printed a traceback over the server's last line and
-exited, which is how a stopping server's exit message could end in `EOFError`."""
+exited, which is how a stopping server's exit message could end in `EOFError`. And a
+forkserver whose server is gone while it still imports torch exits at once."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from conftest import kill_leftovers, process_gone, subprocess_env, wait_until
 
 SCRIPT = textwrap.dedent(
     """
@@ -52,3 +57,72 @@ def test_a_cancelled_worker_start_leaves_the_forkserver_serving(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stdout.startswith("answered:"), (done.stdout, done.stderr)
+
+
+STARTER = textwrap.dedent(
+    """
+    import time
+    from queue_server.production.worker_process import start_forkserver
+
+    start_forkserver()
+    print("started", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_forkserver_whose_server_is_gone_mid_import_exits_at_once(tmp_path: Path) -> None:
+    """The server starts the forkserver before anything else; one that exits early (a config
+    error, a kill) used to leave it importing torch to the end, seconds of CPU on a busy
+    machine. Here its torch import never ends (a stand-in torch that blocks): the forkserver
+    must still exit once its server is SIGKILLed, not wait for the import."""
+    blocking = tmp_path / "blocking" / "torch"
+    blocking.mkdir(parents=True)
+    importing = tmp_path / "importing"
+    (blocking / "__init__.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\ntime.sleep(3600)\n"
+    )
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(blocking.parent), env["PYTHONPATH"]])
+    server = subprocess.Popen(
+        [sys.executable, "-c", STARTER], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    )
+    started: set[int] = {server.pid}
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "started"
+        wait_until(importing.exists, 120, "the forkserver to begin importing torch")
+        forkservers = [p for p in _children(server.pid) if b"forkserver" in _cmdline(p)]
+        assert len(forkservers) == 1, forkservers
+        started.update(forkservers)
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=30)
+        wait_until(
+            lambda: process_gone(forkservers[0]),
+            30,
+            f"the forkserver (pid {forkservers[0]}) to exit once its server was gone",
+        )
+    finally:
+        kill_leftovers(started)
+        server.wait(timeout=30)
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path("/proc", entry, "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

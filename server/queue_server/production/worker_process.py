@@ -34,7 +34,7 @@ def _forkserver() -> ForkServerContext:
     global _context
     if _context is None:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["queue_server.production.worker_main"])
+        ctx.set_forkserver_preload(["queue_server.production.forkserver_preload"])
         _context = ctx
     return _context
 

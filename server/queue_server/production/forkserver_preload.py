@@ -1,0 +1,37 @@
+"""What the workers' forkserver imports before it forks any worker: worker_main (torch and the
+providers, a second or more of CPU), abandoned at once if the server that started it is gone.
+
+The server starts the forkserver first thing, so that its import runs beside the server's own
+start. A server that exits early (a config error, a data root in use, a kill) would otherwise
+leave it importing to the end, seconds on a busy machine, before it notices. A thread watches
+the forkserver's parent for as long as the import runs, and is gone before the first fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+# How often the import's watcher looks for the server; a wake-up costs microseconds.
+_POLL_S = 0.05
+
+
+def _exit_when_orphaned(parent: int, imported: threading.Event) -> None:
+    while not imported.wait(_POLL_S):
+        if os.getppid() != parent:  # re-parented: the server is gone
+            os._exit(0)
+
+
+_imported = threading.Event()
+_watcher = threading.Thread(
+    target=_exit_when_orphaned,
+    args=(os.getppid(), _imported),
+    name="forkserver-preload-watch",
+    daemon=True,
+)
+_watcher.start()
+try:
+    import queue_server.production.worker_main  # noqa: F401  (the preload itself)
+finally:
+    _imported.set()
+    _watcher.join()
