@@ -45,6 +45,9 @@ def gated_config(gate: Path, extra: str) -> str:
 # How long a trainer waits for a batch: a Ray worker that imports torch took 60 s and more
 # to make its first file on 2 cores at load 7-10 (the suite's 3 processes beside 2 busy ones).
 READ_TIMEOUT_S = 240
+# How long a new Ray actor may take to start and serve: the same worker start (one took 90 s
+# while two busy loops and the rest of the suite shared the 2 cores).
+ACTOR_START_S = 240
 
 
 def read_batches(

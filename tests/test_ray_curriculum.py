@@ -19,6 +19,7 @@ import pytest
 from auditor import audit
 from grpc_health.v1 import health_pb2
 from ray_cluster import PINNED_LABEL, RayCluster, RayHead, free_port
+from ray_serving import ACTOR_START_S
 
 from conftest import ServerFactory, process_tree, skewed_corpus, subprocess_env, wait_until
 from queue_client import QueueClient
@@ -282,6 +283,7 @@ async def test_a_composer_actor_no_node_has_room_for_reports_its_wait(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a new cluster's actors start within ACTOR_START_S, even under load
 def test_the_whole_cluster_gone_and_back_the_curriculum_serves_on(
     ray_head: type[RayHead],
     start_server: ServerFactory,
@@ -305,7 +307,7 @@ def test_the_whole_cluster_gone_and_back_the_curriculum_serves_on(
     audit(server, DATASET, consumed_batches={"train": positions(rows)})
 
     head.start()
-    wait_until(lambda: health(server) == SERVING, 120, "the dataset to serve again")
+    wait_until(lambda: health(server) == SERVING, ACTOR_START_S, "the dataset to serve again")
     rows += read(client, (FILES - 2) * NB)  # the same trainer reads on
     client.close()
     assert positions(rows) == in_order(FILES)

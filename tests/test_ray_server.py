@@ -17,6 +17,7 @@ import pytest
 from auditor import audit
 from ray_cluster import RayCluster, RayHead, free_port
 from ray_serving import (
+    ACTOR_START_S,
     BPF,
     NOT_SERVING,
     SERVING,
@@ -161,7 +162,7 @@ def test_the_whole_cluster_gone_and_back_without_a_server_restart(
     audit(server, "chars", consumed_batches={"train": positions(rows)})
 
     head.start()
-    wait_until(lambda: health(server, "chars") == SERVING, 90, "chars to serve again")
+    wait_until(lambda: health(server, "chars") == SERVING, ACTOR_START_S, "chars to serve again")
     rows += read_batches(
         server, "chars", 3 * BPF, tmp_path / "3.jsonl", state_of(tmp_path / "2.jsonl")
     )
@@ -195,7 +196,7 @@ def test_a_head_started_again_at_once_is_joined_as_a_new_cluster_without_a_serve
         return bool(nodes) and not nodes & old_nodes
 
     try:
-        wait_until(on_the_new_cluster, 120, "the train actor on the new cluster's node")
+        wait_until(on_the_new_cluster, ACTOR_START_S, "the train actor on the new cluster's node")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}; stats {server.stats('chars')}\n{server.log_tail()}") from None
     # More files than the backlog held: the new cluster's actor made them.
