@@ -22,6 +22,10 @@ from queue_client import QueueClient
 from queue_client.layout import DatasetLayout
 from queue_client.mixture_epochs import read_epoch_starts
 
+# A Ray worker that imports torch takes a minute and more to make a first file on a loaded
+# 2-core machine; each wait below is on a condition, and this only bounds a hung test.
+pytestmark = pytest.mark.timeout(600)
+
 
 def test_a_ray_mixture_serves_the_rows_of_a_local_one(start_server, tmp_path: Path) -> None:
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchqueue[ray]'")

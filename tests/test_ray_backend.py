@@ -29,6 +29,10 @@ from queue_server.production.backend import ProducedFile, ProduceFailed, Produce
 from queue_server.production.provider_init import build_provider
 from queue_server.production.ray_backend import RayBackend
 
+# A Ray worker that imports torch takes a minute and more to make a first file on a loaded
+# 2-core machine; each wait below is on a condition, and this only bounds a hung test.
+pytestmark = pytest.mark.timeout(600)
+
 
 def worker_init(
     root: Path, provider: str, args: dict[str, Any], *, batch_size: int = 4, bpf: int = 3

@@ -29,6 +29,10 @@ from queue_server.production.backend import ProduceFailed
 from queue_server.production.worker_process import WorkerDied, WorkerError
 from queue_server.testing import ServerProcess
 
+# A Ray worker that imports torch takes a minute and more to make a first file on a loaded
+# 2-core machine; each wait below is on a condition, and this only bounds a hung test.
+pytestmark = pytest.mark.timeout(600)
+
 NB = 8  # batches per file
 FILES = 6  # served files each trainer reads
 DATASET = "cur"
