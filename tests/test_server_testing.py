@@ -24,11 +24,12 @@ from queue_server.testing import ServerExited, ServerProcess, wait_until
 # Stands in for a server that binds but ignores SIGTERM: the one shape stop() must not wait out.
 _DEAF_SERVER = textwrap.dedent(
     """
-    import json, signal, sys
+    import json, os, signal, sys
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     ready = sys.argv[sys.argv.index("--ready-file") + 1]
-    with open(ready, "w") as f:
+    with open(ready + ".tmp", "w") as f:  # whole or not at all, as queue-server writes it
         json.dump({"address": "127.0.0.1:1"}, f)
+    os.replace(ready + ".tmp", ready)
     signal.pause()
     """
 )
