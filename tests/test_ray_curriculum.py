@@ -287,7 +287,6 @@ async def test_a_composer_actor_no_node_has_room_for_reports_its_wait(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # a new cluster's actors start within ACTOR_START_S, even under load
 def test_the_whole_cluster_gone_and_back_the_curriculum_serves_on(
     ray_head: type[RayHead],
     start_server: ServerFactory,

@@ -35,12 +35,11 @@ from ray_serving import (
 from conftest import ServerFactory, char_config, subprocess_env, wait_until
 from queue_server.testing import ServerProcess
 
+
 # Seven actors start here (2, 1 again, 2 again, 2 on the new node), each a Ray worker process
 # importing torch: seconds of CPU each, tens of seconds on a busy 2-core machine (one start
 # took 90 s while two busy loops and the rest of the suite shared the cores); Ray also takes
 # ~10 s to declare the lost node dead. Each wait below is on a condition; this bounds the sum.
-
-
 @pytest.mark.timeout(900)
 def test_dead_actors_leave_stats_a_stall_is_reported_and_a_joining_node_ends_it(
     ray_cluster: RayCluster, start_server: ServerFactory, corpus: Path, tmp_path: Path

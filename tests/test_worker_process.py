@@ -12,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import kill_leftovers, process_gone, subprocess_env, wait_until
+from conftest import kill_leftovers, process_gone, process_tree, subprocess_env, wait_until
 
 SCRIPT = textwrap.dedent(
     """
@@ -91,7 +91,8 @@ def test_a_forkserver_whose_server_is_gone_mid_import_exits_at_once(tmp_path: Pa
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "started"
         wait_until(importing.exists, 120, "the forkserver to begin importing torch")
-        forkservers = [p for p in _children(server.pid) if b"forkserver" in _cmdline(p)]
+        below = process_tree(server.pid) - {server.pid}
+        forkservers = [p for p in below if b"forkserver" in _cmdline(p)]
         assert len(forkservers) == 1, forkservers
         started.update(forkservers)
         server.send_signal(signal.SIGKILL)
@@ -106,19 +107,6 @@ def test_a_forkserver_whose_server_is_gone_mid_import_exits_at_once(tmp_path: Pa
         server.wait(timeout=30)
         if server.stdout is not None:
             server.stdout.close()
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path("/proc", entry, "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 def _cmdline(pid: int) -> bytes:
