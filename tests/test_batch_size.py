@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +208,74 @@ def test_a_queue_dataset_takes_a_batch_size(server: Any) -> None:
     assert got == ref[:24]
     with pytest.raises(ValueError, match="batch_size must be an int >= 1 or None, got 0"):
         QueueDataset(server.address, "d", batch_size=0)
+
+
+def test_a_batch_of_more_files_than_a_rank_may_hold_is_served(start_server) -> None:
+    """100 rows span 9 files of 12, more than the 4 a rank may hold at once (max_backlog_files
+    2 + 2): each file is released once its rows are copied, so the batch never waits on
+    itself. Zero-copy views, copies and out= buffers (a dataset each, so that every file is
+    made fresh, inside the rank's window) all read the stream's rows in order."""
+    import torch
+
+    table = (
+        config()
+        .split("\n[datasets.d]")[1]
+        .replace("max_backlog_files = 3", "max_backlog_files = 2")
+    )
+    server = start_server("".join(f"\n[datasets.{name}]{table}" for name in "dce"))
+    got: dict[str, list[tuple[int, ...]]] = {"d": [], "c": [], "e": []}
+    for name, kwargs in (("d", {}), ("c", {"copy": True})):
+        with QueueClient(server.address, name, **kwargs) as client:
+            for _ in range(2):
+                got[name] += [tuple(r) for r in client.get_batch("train", batch_size=100)[0].tolist()]  # fmt: skip
+    with QueueClient(server.address, "e") as client:
+        out = (torch.empty(100, 4, dtype=torch.int64), torch.empty(100, 4, dtype=torch.int64))
+        for _ in range(2):
+            x, y = client.get_batch("train", out, batch_size=100)
+            assert (y == x + 1).all()
+            got["e"] += [tuple(r) for r in x.tolist()]
+    for name, rows in got.items():  # the same stream read again, file batch by file batch
+        with QueueClient(server.address, name) as client:
+            ref = [tuple(r) for _ in range(17 * NB) for r in client.get_batch("train")[0].tolist()]
+        assert rows == ref[:200], name
+
+
+def test_a_batch_that_fails_mid_way_is_served_whole_on_the_next_call(
+    start_server, tmp_path: Path
+) -> None:
+    """The provider stops (SIGSTOP) after a few files: a 100-row batch reads them, releases
+    them, then times out waiting for the next. Once production goes on, the same call
+    serves the same 100 rows from the first: the files it had let go are asked for again
+    and made again, as on a resume, and the next batch follows on."""
+    import os
+    import signal
+
+    from conftest import process_tree
+    from queue_client.errors import NoBatchReady
+
+    server = start_server(config().replace("max_backlog_files = 3", "max_backlog_files = 2"))
+    server.wait_ready_files("d", 3)
+    production = process_tree(server.pid) - {server.pid}
+    for pid in production:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with QueueClient(server.address, "d", rank=0, world_size=1, timeout_s=3.0) as client:
+            with pytest.raises(NoBatchReady):
+                client.get_batch("train", batch_size=100)
+            assert server.split_stats("d")["consumed_files"] >= 1  # files were let go
+            for pid in production:
+                os.kill(pid, signal.SIGCONT)
+            production = set()
+            got = []
+            deadline = time.monotonic() + 120  # a retry that times out again rewinds again
+            while len(got) < 200:
+                try:
+                    x, _ = client.get_batch("train", batch_size=100)
+                except NoBatchReady:
+                    assert time.monotonic() < deadline, "production did not go on"
+                    continue
+                got += [tuple(r) for r in x.tolist()]
+    finally:
+        for pid in production:
+            os.kill(pid, signal.SIGCONT)
+    assert got == reference(server.address, 17)[:200]

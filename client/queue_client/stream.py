@@ -143,56 +143,92 @@ class SplitStream:
         r1 = r0 + size
         if cur is None or r1 > cur.rows:
             self._size = 0
-            for f, a, b, at in self._segments(size):
-                transfer.deliver_into(f.stored_batch(a, b), [o[at : at + b - a] for o in outs])
+            self._fill(size, _copier(transfer, outs))
             self._after_switch()
             return
         self.row = r1
         transfer.deliver_into(cur.stored_batch(r0, r1), outs)
 
     def _crossing(self, transfer: Transfer, size: int) -> list[torch.Tensor]:
-        """A batch whose rows are not all in the current file: the end of one file, then
-        the start of the next (or a first file)."""
+        """A batch whose rows are not all in the current file: the start of the next file
+        (or a first file), or the end of one file and the start of the next ones."""
         self._size = size if transfer.serves_views else 0
-        segments = self._segments(size)
-        if len(segments) == 1:
-            f, a, b, _ = segments[0]
-            if transfer.serves_views:
-                outs = f.first_views(a, b)
-            else:
-                outs = transfer.deliver(f.stored_batch(a, b))
-        elif transfer.serves_views:
-            outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.served(size)]
-            for f, a, b, at in segments:
-                f.serve_rows_into(a, b, [o[at : at + b - a] for o in outs])
-        else:
-            parts = [transfer.deliver(f.stored_batch(a, b)) for f, a, b, _ in segments]
-            outs = [torch.cat(p) for p in zip(*parts, strict=True)]
-        del segments
+        cur = self.current
+        if cur is None or self.row >= cur.rows:
+            self._advance()  # nothing taken yet: a failure leaves the stream as it was
+            cur = self.current
+            assert cur is not None
+            r0 = self.row
+            if r0 + size <= cur.rows:  # the whole batch in the file just opened
+                self.row = r0 + size
+                if transfer.serves_views:
+                    outs = cur.first_views(r0, r0 + size)
+                else:
+                    outs = transfer.deliver(cur.stored_batch(r0, r0 + size))
+                del cur
+                self._after_switch()
+                return outs
+        del cur
+        device = None if transfer.serves_views else transfer.device
+        outs = [
+            torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.served(size)
+        ]
+        self._fill(size, _copier(transfer, outs))
         self._after_switch()
         return outs
 
-    def _segments(self, size: int) -> list[tuple[LoadedFile, int, int, int]]:
-        """Take `size` rows, opening files as needed: (file, first row, end row, where they
-        go in the batch) per file. If opening a file fails, nothing of the current one is
-        taken, so a retried get_batch serves the same rows."""
-        taken: list[tuple[LoadedFile, int, int, int]] = []
+    def _fill(self, size: int, put: Callable[[LoadedFile, int, int, int], None]) -> None:
+        """Copy the next `size` rows with put(file, first row, end row, where they go in the
+        batch), opening files as needed. A file read to its end mid-batch is released as
+        soon as the next one is needed, so a batch of any size holds no more leases than the
+        read-ahead does (a rank may hold only a few files at once). If opening a file fails,
+        the stream goes back to the batch's first row, so a retried get_batch serves the
+        same rows: files this batch already gave up are asked for again, as on a resume."""
         first, first_row, at = self.current, self.row, 0
+        read: list[tuple[LoadedFile, int]] = []  # each file this batch copied from, and where
         while at < size:
             cur = self.current
             if cur is None or self.row >= cur.rows:
                 try:
                     self._advance()
                 except BaseException:
-                    if self.current is first:
-                        self.row = first_row
+                    self._rewind(first, first_row, read)
                     raise
+                cur = self.current
+                assert cur is not None
+                if size - at > cur.rows - self.row:  # more files to come: let the last ones go
+                    self._after_switch()
                 continue
             take = min(size - at, cur.rows - self.row)
-            taken.append((cur, self.row, self.row + take, at))
+            read.append((cur, self.row))
+            put(cur, self.row, self.row + take, at)
             self.row += take
             at += take
-        return taken
+
+    def _rewind(
+        self, first: LoadedFile | None, first_row: int, read: list[tuple[LoadedFile, int]]
+    ) -> None:
+        """Undo a batch that failed to open a file, so its rows are read again on the next
+        call. _advance already put the file that failed, and those after it, back in line."""
+        cur = self.current
+        if cur is first:  # no file was opened: nothing was given up
+            self.row = first_row
+            return
+        if self._next_seq is None:  # best effort: any file serves; those rows are gone
+            log.warning(
+                "%s/%s: a batch failed after reading %d file(s); its rows are not served",
+                self.source.dataset, self.split, len(read),
+            )  # fmt: skip
+            return
+        read_ids = {id(f) for f, _ in read}
+        for f in self._finished:  # not handed to a release yet: unread, as the server knows
+            if id(f) in read_ids:
+                self.source.release(f.lease, RETURNED)
+        self._finished = [f for f in self._finished if id(f) not in read_ids]
+        if cur is not None:
+            self.source.release(cur.lease, RETURNED)
+        self.current, self.row = None, 0
+        self._plan.extendleft(reversed([(f.seq, row) for f, row in read]))
 
     # ---- file boundaries ------------------------------------------------------------------
     def _take(self) -> tuple[int | None, int, bool]:
@@ -390,3 +426,19 @@ class SplitStream:
         if cur is not None:
             self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
         self.row = 0
+
+
+def _copier(
+    transfer: Transfer, outs: list[torch.Tensor]
+) -> Callable[[LoadedFile, int, int, int], None]:
+    """put() for Stream._fill: rows r0..r1 of a file into `outs` from row `at` on."""
+    views = transfer.serves_views
+
+    def put(f: LoadedFile, r0: int, r1: int, at: int) -> None:
+        parts = [o[at : at + r1 - r0] for o in outs]
+        if views:
+            f.serve_rows_into(r0, r1, parts)
+        else:
+            transfer.deliver_into(f.stored_batch(r0, r1), parts)
+
+    return put
