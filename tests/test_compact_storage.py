@@ -365,6 +365,28 @@ def test_codec_round_trip_whole_file_and_batch_by_batch(padded: bool) -> None:
             assert torch.equal(a, served[name][i]) and torch.equal(b, served[name][i]), name
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_codec_needs_no_uint16_kernel_that_older_torch_lacks(
+    padded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.11 (as on CUDA images) has no where() for uint16 ("where_cpu" not implemented
+    for 'UInt16'), and text_lm's provider failed its first file there. Encoding and serving
+    use where() only on types every torch since 2.4 has."""
+    real_where = torch.where
+
+    def where(*args: object, **kwargs: object) -> torch.Tensor:
+        if any(isinstance(a, torch.Tensor) and a.dtype == torch.uint16 for a in args):
+            raise NotImplementedError("\"where_cpu\" not implemented for 'UInt16'")
+        return real_where(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(torch, "where", where)
+    codec, served = _packed_file(padded)
+    stored = codec.encode(served)
+    whole = codec.decode(stored)
+    for name in served:
+        assert torch.equal(whole[name], served[name]), name
+
+
 def test_picked_batches_keep_their_exception_lists() -> None:
     """Batches copied out of files with exception lists of different lengths (a curriculum's
     served file) are padded to the longest and read back the same."""

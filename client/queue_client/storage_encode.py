@@ -59,7 +59,8 @@ def encode(codec: BatchCodec, served: Mapping[str, torch.Tensor]) -> dict[str, t
             part = stored[f.stored_name][..., st.offset : st.offset + f.shape[-1]]
             value = served[f.name]
             keep = value != st.ignore
-            part.copy_(torch.where(keep, value.to(part.dtype), part))
+            # where() in the served dtype: torch before 2.13 has no where() for uint16.
+            part.copy_(torch.where(keep, value, part.to(value.dtype)))
     for f in codec.schema:  # what document kinds read beside the ids
         st = f.storage
         if st.kind not in DOCUMENT_KINDS:

@@ -96,9 +96,9 @@ class Transfer:
 
     @property
     def staging(self) -> tuple[tuple[torch.Tensor, ...], ...]:
-        """The pinned buffers of each staging slot (CUDA only; a slot is empty before its
-        first batch). A view for tests and diagnostics: writing into them would race the
-        GPU's reads."""
+        """The flat pinned buffers of each staging slot, one per stored field (CUDA only; a
+        slot is empty before its first batch). A view for tests and diagnostics: writing
+        into them would race the GPU's reads."""
         return tuple(tuple(slot) for slot in self._staging)
 
     def __call__(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -110,19 +110,29 @@ class Transfer:
         return list(views)
 
     def _stage(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Copy `views` into this slot's pinned buffers. A slot keeps one flat buffer per
+        field and reuses it for any batch it can hold, so batch sizes that change (a ramp,
+        the two pieces of a batch that crosses files) allocate no pinned memory again."""
         slot = self._slot
-        staging = self._staging[slot]
+        flat = self._staging[slot]
         event = self._events[slot]
         if event is not None:
             event.synchronize()  # the GPU has finished reading this slot's last batch
-        if len(staging) != len(views) or any(
-            s.shape != v.shape or s.dtype != v.dtype for s, v in zip(staging, views, strict=True)
+        if len(flat) != len(views):
+            flat = [torch.empty(0, dtype=v.dtype) for v in views]
+        if any(
+            f.dtype != v.dtype or f.numel() < v.numel() for f, v in zip(flat, views, strict=True)
         ):
-            staging = [torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for v in views]
-            self._staging[slot] = staging
-        for buf, v in zip(staging, views, strict=True):
+            flat = [
+                f if f.dtype == v.dtype and f.numel() >= v.numel()
+                else torch.empty(max(v.numel(), f.numel()), dtype=v.dtype, pin_memory=True)
+                for f, v in zip(flat, views, strict=True)
+            ]  # fmt: skip
+            self._staging[slot] = flat
+        staged = [f[: v.numel()].view(v.shape) for f, v in zip(flat, views, strict=True)]
+        for buf, v in zip(staged, views, strict=True):
             buf.copy_(v)
-        return staging
+        return staged
 
     def _record(self) -> None:
         event = torch.cuda.Event()
