@@ -30,9 +30,8 @@ from functools import partial
 import torch
 
 from queue_client import errors
-from queue_client.batchfile import load_batch_bytes
-from queue_client.file_map import map_leased, prefault
 from queue_client.lane import Lane
+from queue_client.leased_file import fetch_leased, open_leased
 from queue_client.readahead import read_ahead_for
 from queue_client.resume import StreamPlan
 from queue_client.rows import LoadedFile, rows_dependence
@@ -44,10 +43,7 @@ from queue_client.wire import batchqueue_pb2 as pb
 
 log = logging.getLogger("queue_client")
 
-CONSUMED, RETURNED, CORRUPT = pb.CONSUMED, pb.RETURNED, pb.CORRUPT
-# Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
-# before the file arrived) before giving up.
-_CORRUPT_RETRIES = 3
+CONSUMED, RETURNED = pb.CONSUMED, pb.RETURNED
 # A stream's threads beyond its fetches in flight: releases in flight at once.
 _RELEASE_THREADS = 3
 
@@ -338,60 +334,13 @@ class SplitStream:
 
     def _fetch(self, seq: int | None, start: int, carried: bool, submitted: float) -> LoadedFile:
         deadline = self._clock() + self.timeout_s
-        last: errors.BatchQueueError | None = None
-        for _attempt in range(_CORRUPT_RETRIES):
-            lease = self.source.acquire(self.split, seq, deadline, carried)
-            ref = LeaseRef(lease.lease_id, self.source.dataset, self.split, lease.seq, carried)
-            self.source.hold(ref)
-            try:
-                loaded = self._open(lease, ref)
-            except errors.CorruptBatchFile as exc:
-                # Quarantined by the server; in deterministic mode the same seq is produced
-                # again, so the rank's stream loses nothing.
-                self.source.release(ref, CORRUPT, str(exc))
-                last = exc
-                continue
-            except (errors.UnknownLease, errors.ServerUnavailable) as exc:
-                # Streaming only: the server restarted between the lease and the end of the
-                # file. Nothing of it was read: give it back and lease the same file anew.
-                self.source.release(ref, RETURNED)
-                last = exc
-                continue
-            except BaseException:
-                self.source.release(ref, RETURNED)
-                raise
-            loaded.start = start
-            self.read_ahead.fetched(self._clock() - submitted)
-            return loaded
-        assert last is not None  # the loop ran and every attempt failed
-        raise type(last)(
-            f"{self.source.dataset}/{self.split} seq {seq}: {_CORRUPT_RETRIES} attempts in a row "
-            f"failed; the last: {last}"
-        )
+        loaded = fetch_leased(self.source, self.split, seq, carried, deadline, self._open)
+        loaded.start = start
+        self.read_ahead.fetched(self._clock() - submitted)
+        return loaded
 
     def _open(self, lease: pb.Lease, ref: LeaseRef) -> LoadedFile:
-        streamed = self.source.transport == "grpc"
-        if streamed:
-            where = f"{lease.path} (streamed)"
-            batch_file = load_batch_bytes(self.source.fetch_file(ref, lease), where)
-        else:
-            src = self.source
-            where, batch_file = map_leased(src.data_root, src.dataset, src.verify_checksums, lease)
-        meta = batch_file.metadata
-        if meta.get("seq") != lease.seq or meta.get("num_batches") != lease.num_batches:
-            raise errors.CorruptBatchFile(
-                f"{where} says seq {meta.get('seq')} with {meta.get('num_batches')} batches; the lease says "
-                f"seq {lease.seq} with {lease.num_batches}"
-            )
-        codec = self.codec if batch_file.version >= 2 else self._plain_codec
-        try:
-            codec.check_stored(batch_file.stored, (lease.num_batches, lease.batch_size))
-        except errors.SchemaMismatch as exc:
-            raise errors.SchemaMismatch(f"{where}: {exc}") from None
-        tensors = [batch_file.stored[name] for name in codec.stored_names]
-        if not streamed:  # streamed tensors were just written: their pages are in memory
-            prefault(tensors)
-        return LoadedFile(ref, lease.seq, lease.num_batches, lease.batch_size, codec, tensors)
+        return open_leased(self.source, self.codec, self._plain_codec, lease, ref)
 
     # ---- state and shutdown ---------------------------------------------------------------
     def plan(self) -> StreamPlan:

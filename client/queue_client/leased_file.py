@@ -1,0 +1,87 @@
+"""A stream's next file: leased, opened (mapped from the data root, or streamed over gRPC)
+and checked against its lease and the schema's stored layout, with the retries a corrupt or
+lost file gets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from queue_client import errors
+from queue_client.batchfile import load_batch_bytes
+from queue_client.file_map import map_leased, prefault
+from queue_client.rows import LoadedFile
+from queue_client.storage import BatchCodec
+from queue_client.stream_api import LeaseRef, LeaseSource
+from queue_client.wire import batchqueue_pb2 as pb
+
+# Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
+# before the file arrived) before giving up.
+CORRUPT_RETRIES = 3
+
+
+def fetch_leased(
+    source: LeaseSource,
+    split: str,
+    seq: int | None,
+    carried: bool,
+    deadline: float,
+    open_file: Callable[[pb.Lease, LeaseRef], LoadedFile],
+) -> LoadedFile:
+    """Lease `seq` (any file for None) and open it; a file that fails to verify is released as
+    corrupt (the server quarantines it and makes it again) and leased anew."""
+    last: errors.BatchQueueError | None = None
+    for _attempt in range(CORRUPT_RETRIES):
+        lease = source.acquire(split, seq, deadline, carried)
+        ref = LeaseRef(lease.lease_id, source.dataset, split, lease.seq, carried)
+        source.hold(ref)
+        try:
+            return open_file(lease, ref)
+        except errors.CorruptBatchFile as exc:
+            # Quarantined by the server; in deterministic mode the same seq is produced
+            # again, so the rank's stream loses nothing.
+            source.release(ref, pb.CORRUPT, str(exc))
+            last = exc
+        except (errors.UnknownLease, errors.ServerUnavailable) as exc:
+            # Streaming only: the server restarted between the lease and the end of the
+            # file. Nothing of it was read: give it back and lease the same file anew.
+            source.release(ref, pb.RETURNED)
+            last = exc
+        except BaseException:
+            source.release(ref, pb.RETURNED)
+            raise
+    assert last is not None  # the loop ran and every attempt failed
+    raise type(last)(
+        f"{source.dataset}/{split} seq {seq}: {CORRUPT_RETRIES} attempts in a row failed; "
+        f"the last: {last}"
+    )
+
+
+def open_leased(
+    source: LeaseSource, codec: BatchCodec, plain_codec: BatchCodec, lease: pb.Lease, ref: LeaseRef
+) -> LoadedFile:
+    """The leased file's rows, checked against the lease (seq, batches) and the codec of its
+    format (`plain_codec` for format 1 files, which store the served fields themselves)."""
+    streamed = source.transport == "grpc"
+    if streamed:
+        where = f"{lease.path} (streamed)"
+        batch_file = load_batch_bytes(source.fetch_file(ref, lease), where)
+    else:
+        where, batch_file = map_leased(
+            source.data_root, source.dataset, source.verify_checksums, lease
+        )
+    meta = batch_file.metadata
+    if meta.get("seq") != lease.seq or meta.get("num_batches") != lease.num_batches:
+        raise errors.CorruptBatchFile(
+            f"{where} says seq {meta.get('seq')} with {meta.get('num_batches')} batches; the "
+            f"lease says seq {lease.seq} with {lease.num_batches}"
+        )
+    if batch_file.version < 2:
+        codec = plain_codec
+    try:
+        codec.check_stored(batch_file.stored, (lease.num_batches, lease.batch_size))
+    except errors.SchemaMismatch as exc:
+        raise errors.SchemaMismatch(f"{where}: {exc}") from None
+    tensors = [batch_file.stored[name] for name in codec.stored_names]
+    if not streamed:  # streamed tensors were just written: their pages are in memory
+        prefault(tensors)
+    return LoadedFile(ref, lease.seq, lease.num_batches, lease.batch_size, codec, tensors)
