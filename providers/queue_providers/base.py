@@ -192,18 +192,33 @@ class DataProviderBase(abc.ABC):
             check_tensors(schema, b, (self.batch_size,))
         tensors = {f.name: torch.stack([b[f.name] for b in batches]) for f in schema}
         check_ids(tensors, self._id_ranges.get(split, ()), where=f"split {split!r} seq {seq}")
-        metadata = {
+        return self.encode_file(split, seq, tensors)
+
+    def encode_file(
+        self,
+        split: str,
+        seq: int,
+        served: Mapping[str, torch.Tensor],
+        stored: Mapping[str, torch.Tensor] | None = None,
+    ) -> EncodedBatchFile:
+        """File `seq` of `split` from its served fields ([batches_per_file, batch_size, ...]
+        each), encoded as the dataset's format stores them. A subclass that makes the stored
+        tensors itself passes them as `stored` (exactly what the codec would make of
+        `served`); `served` is then read only for the token histograms of a curriculum
+        split, and may hold narrow views."""
+        metadata: dict[str, Any] = {
             "dataset": self.context.dataset_name,
             "split": split,
             "batch_size": self.batch_size,
-            "schema": [f.to_dict() for f in schema],
+            "schema": [f.to_dict() for f in self._schemas[split]],
         }
         extras = None
         if self.context.histogram_field:
-            extras = token_histograms(tensors, self.context.histogram_field)
+            extras = token_histograms(served, self.context.histogram_field)
             metadata["histogram_field"] = self.context.histogram_field
         version = self.format_version
-        stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
+        if stored is None:
+            stored = self._codecs[split].encode(served) if version >= 2 else served
         return encode_batch_file(
             seq=seq, tensors=stored, metadata=metadata, extras=extras, version=version
         )
