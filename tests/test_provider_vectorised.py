@@ -297,24 +297,26 @@ def test_token_classification_matches_the_row_by_row_reference(tmp_path: Path) -
     assert_same_files(p, reference_tagging_batch)
 
 
+@pytest.mark.parametrize("provider_name", ["char_lm", "nanogpt_bin"])
 @pytest.mark.parametrize("big", [False, True], ids=["uint16-ids", "uint32-ids"])
 @pytest.mark.parametrize("histograms", [False, True], ids=["plain", "curriculum"])
-def test_char_lm_files_are_the_ones_its_sample_batch_makes(
-    tmp_path: Path, big: bool, histograms: bool
+def test_window_files_are_the_ones_sample_batch_makes(
+    tmp_path: Path, provider_name: str, big: bool, histograms: bool
 ) -> None:
-    """char_lm gathers its windows narrow, straight into the stored window: every file is,
-    byte for byte, the one the base class makes from sample_batch (int64 x and y, stacked,
-    checked and encoded), in both splits, with a curriculum's token histograms too. A file
-    of format 1 (an old data root) is made the base class's way."""
-    from test_compact_storage import _char_text, as_format_1
+    """char_lm and nanogpt_bin gather their windows from narrow ids straight into the stored
+    window: every file is, byte for byte, the one the base class makes from sample_batch
+    (int64 x and y, stacked, checked and encoded), in both splits, with a curriculum's token
+    histograms too. A file of format 1 (an old data root) is made the base class's way."""
+    from test_compact_storage import _char_lm, _nanogpt_bin, as_format_1
 
     from queue_providers.base import DataProviderBase
 
+    _, args, _ = (_char_lm if provider_name == "char_lm" else _nanogpt_bin)(tmp_path, big)
     ctx = ProviderContext(
         "ds", tmp_path / "ds", batch_size=3, batches_per_file=4, seed=7,
         histogram_field="x" if histograms else "",
     )  # fmt: skip
-    provider = create("char_lm", ctx, {"input": str(_char_text(tmp_path, big)), "block_size": 8})
+    provider = create(provider_name, ctx, args)
     meta = provider.complete_meta()
     provider.set_meta(meta)
     assert provider._codecs["train"].schema[0].stored_as == ("uint32" if big else "uint16")
@@ -328,29 +330,3 @@ def test_char_lm_files_are_the_ones_its_sample_batch_makes(
     old = provider.make_file("train", 2)
     assert bytes(old.data) == bytes(DataProviderBase.make_file(provider, "train", 2).data)
     assert bytes(old.data) != compact  # format 1: x and y stored as served, not a window
-
-
-@pytest.mark.parametrize("big", [False, True], ids=["uint16-ids", "uint32-ids"])
-@pytest.mark.parametrize("histograms", [False, True], ids=["plain", "curriculum"])
-def test_nanogpt_bin_files_are_the_ones_its_sample_batch_makes(
-    tmp_path: Path, big: bool, histograms: bool
-) -> None:
-    """nanogpt_bin gathers its windows from the map straight into the stored window: every
-    file is, byte for byte, the one the base class makes from sample_batch."""
-    from test_compact_storage import _nanogpt_bin
-
-    from queue_providers.base import DataProviderBase
-
-    _, args, _ = _nanogpt_bin(tmp_path, big)
-    ctx = ProviderContext(
-        "ds", tmp_path / "ds", batch_size=3, batches_per_file=4, seed=7,
-        histogram_field="x" if histograms else "",
-    )  # fmt: skip
-    provider = create("nanogpt_bin", ctx, args)
-    provider.set_meta(provider.complete_meta())
-    assert provider._codecs["train"].schema[0].stored_as == ("uint32" if big else "uint16")
-    for split in ("train", "val"):
-        for seq in (0, 1, 5):
-            fast = provider.make_file(split, seq)
-            reference = DataProviderBase.make_file(provider, split, seq)
-            assert (fast.crc32, bytes(fast.data)) == (reference.crc32, bytes(reference.data))
