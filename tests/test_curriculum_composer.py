@@ -353,6 +353,8 @@ def compose_result(composer: Composer, cands: Candidates, seq: int, overrides):
         ((3, 2, 50), 50_257, torch.int32),  # one sort, not a dense count
         ((5, 17), 300, torch.int16),
         ((4, 3, 8), 2_000_000, torch.int64),
+        ((5, 2, 40), 65_536, torch.uint16),  # narrow ids as a window stores them
+        ((3, 2, 5000), 300_000, torch.int64),  # sorted per batch, not counted densely
     ],
 )
 def test_token_histograms_count_every_batch_at_once(shape, high: int, dtype) -> None:
@@ -361,6 +363,10 @@ def test_token_histograms_count_every_batch_at_once(shape, high: int, dtype) -> 
     gen = torch.Generator().manual_seed(high)
     x = torch.randint(-1, high, shape, generator=gen).to(dtype)
     got = token_histograms({"x": x}, "x")
+    if dtype == torch.uint16:  # a view that is not contiguous, as x of a stored window
+        window = torch.cat([x, x[..., :1]], -1)
+        view = token_histograms({"x": window[..., :-1]}, "x")
+        assert all(torch.equal(got[k], view[k]) for k in got)
     offsets, ids, counts = [0], [], []
     for batch in x.reshape(shape[0], -1).to(torch.int64):
         unique, count = torch.unique(batch[batch >= 0], return_counts=True)
