@@ -51,29 +51,36 @@ def _cpu_s(server_pid: int) -> dict[int, float]:
 def _cpu_per_batch(
     server: Server, name: str, before: dict[int, float], after: dict[int, float], batches: int
 ) -> dict[str, float]:
-    """CPU ms per served batch while `name` was read: its provider workers, the server, and
-    the rest (the curriculum's composer; the other dataset idles with a full backlog)."""
-    workers = {int(pid) for pid in server.split_stats(name)["worker_pids"]}
-    spent = {"provider": 0.0, "server": 0.0, "rest": 0.0}
+    """CPU ms per served batch while `name` was read: its provider workers (a curriculum's
+    candidate makers), its composer, the server, and the rest (the other dataset idles with
+    a full backlog)."""
+    roles = {
+        int(w["pid"]): "composer" if w["role"] == "composer" else "provider"
+        for w in server.split_stats(name)["workers"]
+        if w.get("pid")
+    }
+    spent = {"provider": 0.0, "composer": 0.0, "server": 0.0, "rest": 0.0}
     for pid, cpu in after.items():
-        role = "provider" if pid in workers else "server" if pid == server.pid else "rest"
+        role = roles.get(pid, "server" if pid == server.pid else "rest")
         spent[role] += cpu - before.get(pid, 0.0)
     return {role: 1e3 * s / max(batches, 1) for role, s in spent.items()}
 
 
 def _cpu_note(cpu_ms: dict[str, dict[str, float]]) -> str:
     """Where the rate goes: each dataset has one provider worker, and the curriculum's makes
-    candidate_oversample candidates per served batch."""
+    candidate_oversample candidates per served batch, which its composer then picks from."""
     fifo, cur = cpu_ms[FIFO], cpu_ms[CURRICULUM]
     note = (
         f"CPU per served batch: provider worker {fmt(cur['provider'])} ms (FIFO's "
-        f"{fmt(fifo['provider'])} ms), composer and the rest {fmt(cur['rest'])} ms, server "
-        f"{fmt(cur['server'])} ms (FIFO's {fmt(fifo['server'])} ms)"
+        f"{fmt(fifo['provider'])} ms), composer {fmt(cur['composer'])} ms, server "
+        f"{fmt(cur['server'])} ms (FIFO's {fmt(fifo['server'])} ms), the rest "
+        f"{fmt(cur['rest'])} ms"
     )
-    if cur["provider"] > 0:
-        # FIFO's one worker is its bottleneck; the curriculum's, at its CPU per served batch,
-        # could serve at most this fraction of that even if the composer cost nothing.
-        note += f"; its one worker alone caps it at {fifo['provider'] / cur['provider']:.2f}x FIFO's rate"
+    for role in ("provider", "composer"):
+        if cur[role] > 0:
+            # FIFO's one worker is its bottleneck; the curriculum's worker and its composer
+            # each run in one process, so each alone caps its rate at this fraction of that.
+            note += f"; its {role} alone caps it at {fifo['provider'] / cur[role]:.2f}x FIFO's rate"
     return note
 
 
