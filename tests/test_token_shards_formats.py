@@ -81,33 +81,36 @@ def test_every_window_once_per_epoch_across_formats(tmp_path: Path) -> None:
     assert np.array_equal(rows, rows[:, :1] + np.arange(T + 1))  # contiguous windows
 
 
+@pytest.mark.parametrize("sampling", ["epoch", "random"])
 @pytest.mark.parametrize(
     ("vocab", "token_dtype"),
     [(400, "uint16"), (400, "uint32"), (70_000, "uint32")],
     ids=["uint16-shards", "uint32-shards-narrow-vocab", "uint32-ids"],
 )
-def test_epoch_files_are_the_ones_made_from_int64_windows(
-    tmp_path: Path, vocab: int, token_dtype: str
+def test_files_are_the_ones_made_from_int64_windows(
+    tmp_path: Path, vocab: int, token_dtype: str, sampling: str
 ) -> None:
-    """Epoch files are gathered straight into the stored window (narrow): byte for byte the
-    file the base class makes from the same windows widened to int64 x and y (stacked,
-    checked, encoded), whatever the shards' dtype against the stored one."""
+    """Files are gathered straight into the stored window (narrow): byte for byte the file
+    the base class makes from the same windows widened to int64 x and y (stacked, checked,
+    encoded), whatever the shards' dtype against the stored one. In epoch order the
+    reference reads the same rows; with random sampling it is sample_batch's own draws,
+    batch by batch."""
     from queue_providers.base import DataProviderBase
     from queue_providers.token_shards.provider import xy
 
     gen = np.random.default_rng(3)
     ids = gen.integers(0, vocab, 600).astype(token_dtype)
     raw = write_raw(tmp_path / "a.bin", ids)
-    p, _ = provider(
-        tmp_path, {"inputs": [str(raw)], "vocab_size": vocab, "token_dtype": token_dtype}
-    )
+    args = {"inputs": [str(raw)], "vocab_size": vocab, "token_dtype": token_dtype}
+    p, _ = provider(tmp_path, {**args, "sampling": sampling})
     for seq in (0, 1, 4, 9):  # past the first epoch of 74 windows: 6 files of 12 rows
         fast = p.make_file("train", seq)
-        rows = np.arange(seq * p.rows_per_file, (seq + 1) * p.rows_per_file)
-        shard, start = p.corpora["train"].locate(p.orders["train"].windows(rows))
-        p._file_rows["train"] = [xy(torch.from_numpy(p.gather("train", shard, start))), 0]
+        if sampling == "epoch":
+            rows = np.arange(seq * p.rows_per_file, (seq + 1) * p.rows_per_file)
+            shard, start = p.corpora["train"].locate(p.orders["train"].windows(rows))
+            p._file_rows["train"] = [xy(torch.from_numpy(p.gather("train", shard, start))), 0]
         reference = DataProviderBase.make_file(p, "train", seq)
-        p._file_rows.pop("train")
+        p._file_rows.pop("train", None)
         assert (fast.crc32, bytes(fast.data)) == (reference.crc32, bytes(reference.data)), seq
 
 

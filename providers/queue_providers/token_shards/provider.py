@@ -197,24 +197,38 @@ class TokenShardsProvider(DataProviderBase):
         return meta
 
     def make_file(self, split: str, seq: int) -> Any:
-        """The file of seq: rows [seq*R, (seq+1)*R) of the split's epochs, in order. The
-        whole file's windows are placed and read at once; sample_batch hands them out."""
+        """The file of seq: rows [seq*R, (seq+1)*R) of the split's epochs, in order (or
+        nanoGPT's draws from the file's generator, batch by batch, as sample_batch makes
+        them). The whole file's windows are placed and read at once: straight into the
+        stored window where the file keeps x and y as one (the same bytes as int64 x and y
+        stacked, checked and narrowed again, at a fifth of the CPU; gather checks every id
+        against vocab_size), else handed out by sample_batch."""
         rows = np.arange(seq * self.rows_per_file, (seq + 1) * self.rows_per_file)
+        corpus = self.corpora[split]
         if self.order == "documents":
             self._file_rows[split] = [self.document_rows(split, rows), 0]
-        elif self.sampling == "epoch":
-            shard, start = self.corpora[split].locate(self.orders[split].windows(rows))
-            codec = self._codecs.get(split)
-            if self.format_version >= 2 and codec is not None and codec.names == ["x", "y"]:
-                # Gathered straight into the stored window, narrow: the same bytes as the
-                # base class's way (int64 x and y, stacked, checked, narrowed again), at a
-                # fifth of the CPU; gather has checked every id against vocab_size.
-                dtype = np.dtype(codec.schema[0].stored_as)
-                shape = (self.context.batches_per_file, self.batch_size, self.block_size + 1)
-                windows = torch.from_numpy(self.gather(split, shard, start, dtype).reshape(shape))
-                served = {"x": windows[..., :-1], "y": windows[..., 1:]}  # for histograms only
-                return self.encode_file(split, seq, served, {codec.stored_names[0]: windows})
-            self._file_rows[split] = [xy(torch.from_numpy(self.gather(split, shard, start))), 0]
+            return self._made_by_base(split, seq)
+        if self.sampling == "epoch":
+            shard, start = corpus.locate(self.orders[split].windows(rows))
+        else:
+            rng = self.file_rng(split, seq)
+            b = self.batch_size
+            drawn = [
+                torch.randint(corpus.n_starts, (b,), generator=rng) for _ in range(len(rows) // b)
+            ]
+            shard, start = corpus.locate_start(torch.cat(drawn).numpy())
+        codec = self._codecs.get(split)
+        if self.format_version >= 2 and codec is not None and codec.names == ["x", "y"]:
+            dtype = np.dtype(codec.schema[0].stored_as)
+            shape = (self.context.batches_per_file, self.batch_size, self.block_size + 1)
+            windows = torch.from_numpy(self.gather(split, shard, start, dtype).reshape(shape))
+            served = {"x": windows[..., :-1], "y": windows[..., 1:]}  # for histograms only
+            return self.encode_file(split, seq, served, {codec.stored_names[0]: windows})
+        self._file_rows[split] = [xy(torch.from_numpy(self.gather(split, shard, start))), 0]
+        return self._made_by_base(split, seq)
+
+    def _made_by_base(self, split: str, seq: int) -> Any:
+        """The base class's file, from the rows placed in _file_rows."""
         try:
             return super().make_file(split, seq)
         finally:
