@@ -250,7 +250,7 @@ def test_a_batch_that_fails_mid_way_is_served_whole_on_the_next_call(
     import os
     import signal
 
-    from conftest import process_tree
+    from conftest import process_tree, wait_until
     from queue_client.errors import NoBatchReady
 
     server = start_server(config().replace("max_backlog_files = 3", "max_backlog_files = 2"))
@@ -259,10 +259,14 @@ def test_a_batch_that_fails_mid_way_is_served_whole_on_the_next_call(
     for pid in production:
         os.kill(pid, signal.SIGSTOP)
     try:
-        with QueueClient(server.address, "d", rank=0, world_size=1, timeout_s=3.0) as client:
+        # 6 s: long enough to read the ready files on a loaded machine; the file after them
+        # never comes while production is stopped.
+        with QueueClient(server.address, "d", rank=0, world_size=1, timeout_s=6.0) as client:
             with pytest.raises(NoBatchReady):
                 client.get_batch("train", batch_size=100)
-            assert server.split_stats("d")["consumed_files"] >= 1  # files were let go
+            wait_until(  # files were let go (their releases run in the client's background)
+                lambda: server.split_stats("d")["consumed_files"] >= 1, 60, "a file released"
+            )
             for pid in production:
                 os.kill(pid, signal.SIGCONT)
             production = set()

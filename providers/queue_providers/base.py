@@ -195,6 +195,25 @@ class DataProviderBase(abc.ABC):
         check_ids(tensors, self._id_ranges.get(split, ()), where=f"split {split!r} seq {seq}")
         return self.encode_file(split, seq, tensors)
 
+    def window_dtype(self, split: str) -> np.dtype | None:
+        """The dtype of the one stored window of T+1 ids that a file of x and y keeps (format 2
+        and later), for a provider that gathers its windows into it directly; None where the
+        split's files store anything else."""
+        codec = self._codecs.get(split)
+        if self.format_version < 2 or codec is None or codec.names != ["x", "y"]:
+            return None
+        if len(codec.stored_names) != 1:
+            return None
+        return np.dtype(codec.schema[0].stored_as)
+
+    def encode_windows(self, split: str, seq: int, windows: torch.Tensor) -> EncodedBatchFile:
+        """File `seq` from its stored windows ([batches_per_file, batch_size, T+1] of
+        window_dtype): the bytes encode_file makes of x = windows[..., :-1] and y =
+        windows[..., 1:] widened, without widening them."""
+        codec = self._codecs[split]
+        served = {"x": windows[..., :-1], "y": windows[..., 1:]}  # for histograms only
+        return self.encode_file(split, seq, served, {codec.stored_names[0]: windows})
+
     def encode_file(
         self,
         split: str,

@@ -134,10 +134,9 @@ class CharLMProvider(DataProviderBase):
         (format 2 and later). The base's way (int64 x and y, stacked, checked, narrowed
         again) cost about five times the CPU. Every id is a character of stoi by
         construction, so there is nothing to check."""
-        codec = self._codecs.get(split)
-        if self.format_version < 2 or codec is None or len(codec.stored_names) != 1:
+        dtype = self.window_dtype(split)
+        if dtype is None:
             return super().make_file(split, seq)
-        dtype = np.dtype(codec.schema[0].stored_as)
         narrow = self._narrow.get((split, dtype.str))
         if narrow is None:
             narrow = self._narrow[split, dtype.str] = self.data[split].numpy().astype(dtype)
@@ -145,6 +144,4 @@ class CharLMProvider(DataProviderBase):
         n, b, t = self.context.batches_per_file, self.batch_size, self.block_size
         starts = [torch.randint(len(narrow) - t, (b, 1), generator=rng) for _ in range(n)]
         index = (torch.cat(starts) + self._offsets).numpy()
-        windows = torch.from_numpy(narrow[index].reshape(n, b, t + 1))
-        served = {"x": windows[..., :-1], "y": windows[..., 1:]}  # for histograms only
-        return self.encode_file(split, seq, served, {codec.stored_names[0]: windows})
+        return self.encode_windows(split, seq, torch.from_numpy(narrow[index].reshape(n, b, t + 1)))

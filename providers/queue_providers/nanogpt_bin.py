@@ -191,13 +191,11 @@ class NanoGPTBinProvider(DataProviderBase):
         the same window starts, gathered from the map straight into the stored window
         (format 2 and later), at a fraction of the CPU of int64 x and y stacked, checked and
         narrowed again."""
-        codec = self._codecs.get(split)
-        if self.format_version < 2 or codec is None or codec.names != ["x", "y"]:
+        dtype = self.window_dtype(split)
+        if dtype is None:
             return super().make_file(split, seq)
         rng = self.file_rng(split, seq)
         n, b, t = self.context.batches_per_file, self.batch_size, self.block_size
         starts = torch.cat([self.window_starts(split, rng) for _ in range(n)])
-        stored = np.dtype(codec.schema[0].stored_as)
-        windows = torch.from_numpy(self.rows(split, starts, stored).reshape(n, b, t + 1))
-        served = {"x": windows[..., :-1], "y": windows[..., 1:]}  # for histograms only
-        return self.encode_file(split, seq, served, {codec.stored_names[0]: windows})
+        rows = self.rows(split, starts, dtype).reshape(n, b, t + 1)
+        return self.encode_windows(split, seq, torch.from_numpy(rows))

@@ -217,13 +217,11 @@ class TokenShardsProvider(DataProviderBase):
                 torch.randint(corpus.n_starts, (b,), generator=rng) for _ in range(len(rows) // b)
             ]
             shard, start = corpus.locate_start(torch.cat(drawn).numpy())
-        codec = self._codecs.get(split)
-        if self.format_version >= 2 and codec is not None and codec.names == ["x", "y"]:
-            dtype = np.dtype(codec.schema[0].stored_as)
+        dtype = self.window_dtype(split)
+        if dtype is not None:
             shape = (self.context.batches_per_file, self.batch_size, self.block_size + 1)
-            windows = torch.from_numpy(self.gather(split, shard, start, dtype).reshape(shape))
-            served = {"x": windows[..., :-1], "y": windows[..., 1:]}  # for histograms only
-            return self.encode_file(split, seq, served, {codec.stored_names[0]: windows})
+            windows = self.gather(split, shard, start, dtype).reshape(shape)
+            return self.encode_windows(split, seq, torch.from_numpy(windows))
         self._file_rows[split] = [xy(torch.from_numpy(self.gather(split, shard, start))), 0]
         return self._made_by_base(split, seq)
 
