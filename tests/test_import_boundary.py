@@ -70,6 +70,21 @@ def test_probe_detects_forbidden_imports() -> None:
     assert {"uvloop", "queue_server"} <= _modules_after("import queue_client, uvloop, queue_server")
 
 
+def test_a_config_error_exits_before_the_server_and_grpc_are_imported(tmp_path: Path) -> None:
+    """A config error answers in a tenth of a second: the command reads its config before it
+    imports the server and gRPC, and the workers' forkserver (started first) gives up its torch
+    import once the command is gone. Every misconfigured start paid for both before."""
+    config = tmp_path / "bad.toml"
+    config.write_text('[datasets.a]\nprovider = "char_lm"\nno_such_key = 1\n', encoding="utf-8")
+    statement = (
+        "from queue_server.cli import main; "
+        f"assert main(['--config', {str(config)!r}, '--data-root', {str(tmp_path)!r}]) == 2"
+    )
+    loaded = _modules_after(statement)
+    assert "queue_server" in loaded
+    assert not loaded & {"grpc", "uvloop", "torch"}, sorted(loaded & {"grpc", "uvloop", "torch"})
+
+
 def test_generated_stubs_match_proto() -> None:
     """scripts/gen_proto.py --check passes: the committed gRPC stubs match the .proto."""
     proc = subprocess.run(

@@ -22,16 +22,18 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from queue_client.errors import ConfigError, InvalidRequest
 from queue_client.layout import atomic_write
-from queue_server.app import QueueServer
 from queue_server.config.server import ServerConfig, load_config, parse_listen
-from queue_server.dataset import DatasetRuntime
 from queue_server.logs import configure_logging
 from queue_server.parent_watch import check_parent_pipe, stop_with_parent
 from queue_server.reset import NothingToReset, reset_dataset
+
+if TYPE_CHECKING:
+    from queue_server.app import QueueServer
+    from queue_server.dataset import DatasetRuntime
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -128,7 +130,13 @@ def _failure(server: QueueServer, failed: list[DatasetRuntime]) -> Exception:
 
 async def _serve(config: ServerConfig, ready_file: Path | None) -> None:
     """Serve until SIGINT or SIGTERM, or until a dataset fails (unless config.keep_serving);
-    raises ConfigError or DatasetFailed for the latter, after the same staged shutdown."""
+    raises ConfigError or DatasetFailed for the latter, after the same staged shutdown.
+
+    The server (and with it gRPC, a quarter second of CPU) is imported only here, once the
+    config is known to be good: a config error exits before it, and so does the workers'
+    forkserver, which gives up its torch import when this process is gone."""
+    from queue_server.app import QueueServer
+
     log = logging.getLogger("queue_server")
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
