@@ -9,13 +9,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from client_process import ClientProcess
 
 from queue_server.testing import ServerProcess, unexpected_exits
 from queue_server.testing import wait_until as wait_until  # re-exported for the tests
@@ -207,19 +207,17 @@ def corpus(tmp_path: Path) -> Path:
 def run_client_script(
     code: str, *, timeout_s: float = 120.0, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a client in its own process (a real trainer would be one); fails the test on error."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=subprocess_env(**(env or {})),
-    )
+    """Run a client in its own process (a real trainer would be one, forked with torch
+    imported: client_process.py); fails the test on error."""
+    proc = ClientProcess(code=textwrap.dedent(code), env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     if proc.returncode != 0:
-        raise AssertionError(
-            f"client process failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
+        raise AssertionError(f"client process failed ({proc.returncode}):\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(["-c", code], int(proc.returncode), stdout, stderr)
 
 
 def process_tree(root: int) -> set[int]:

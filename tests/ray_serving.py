@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from client_process import ClientProcess
 from grpc_health.v1 import health_pb2
 from ray_cluster import SUPPORT
 
-from conftest import subprocess_env
 from queue_server.app import health_name
 from queue_server.testing import ServerProcess
 
@@ -64,7 +62,7 @@ def read_batches(
 
 def reader(
     server: ServerProcess, dataset: str, batches: int, out: Path, resume: Path | None = None
-) -> subprocess.Popen[str]:
+) -> ClientProcess:
     spec = out.with_suffix(".spec.json")
     job = {
         "dataset": dataset,
@@ -84,13 +82,7 @@ def reader(
             }
         )
     )
-    return subprocess.Popen(
-        [sys.executable, str(SUPPORT / "rank_client.py"), str(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    )
+    return ClientProcess(SUPPORT / "rank_client.py", [str(spec)])
 
 
 def state_of(out: Path) -> Path:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from collections.abc import Iterator
@@ -29,8 +27,9 @@ from typing import Any
 
 import grpc
 import pytest
+from client_process import ClientProcess
 
-from conftest import SUPPORT, ServerFactory, subprocess_env, tiny_corpus
+from conftest import SUPPORT, ServerFactory, tiny_corpus
 from queue_client import InvalidRequest, NotServed, QueueClient
 from queue_client.layout import DatasetLayout
 from queue_client.wire import batchqueue_pb2 as pb
@@ -81,7 +80,7 @@ def config(tmp: Path) -> str:
 class Rank:
     """One trainer rank in its own process, reading both datasets."""
 
-    proc: subprocess.Popen[str]
+    proc: ClientProcess
     outs: dict[str, Path]
 
     def batches(self, dataset: str) -> list[dict[str, Any]]:
@@ -119,13 +118,7 @@ def run_ranks(
         spec.write_text(
             json.dumps({"address": addresses[r], "rank": r, "world_size": world, "jobs": jobs})
         )
-        proc = subprocess.Popen(
-            [sys.executable, str(SUPPORT / "rank_client.py"), str(spec)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=subprocess_env(),
-        )
+        proc = ClientProcess(SUPPORT / "rank_client.py", [str(spec)])
         ranks.append(Rank(proc, {j["dataset"]: Path(j["out"]) for j in jobs}))
     for r, rank in enumerate(ranks):
         _, err = rank.proc.communicate(timeout=180)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
@@ -18,8 +16,9 @@ from typing import Any
 
 import grpc
 import pytest
+from client_process import ClientProcess
 
-from conftest import SUPPORT, subprocess_env, wait_until
+from conftest import SUPPORT, wait_until
 from queue_client import NoBatchReady, QueueClient
 from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
@@ -70,14 +69,7 @@ class Rank:
                 {"address": address, "rank": rank, "world_size": world, "hold": hold, "jobs": jobs}
             )
         )
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SUPPORT / "rank_client.py"), str(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=subprocess_env(),
-        )
+        self.proc = ClientProcess(SUPPORT / "rank_client.py", [str(spec)])
         self.hold = hold
 
     def wait_ready(self) -> None:

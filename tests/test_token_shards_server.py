@@ -4,14 +4,13 @@ ranks read each window of an epoch exactly once, also across a resume at another
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+from client_process import ClientProcess
 from support.token_files import write_llmc, write_megatron, write_prepared, write_raw
 
 from conftest import SUPPORT, ServerFactory, subprocess_env
@@ -119,10 +118,8 @@ def start_rank(
     out: Path,
     state_in: str = "-",
     state_out: str | None = None,
-) -> subprocess.Popen:
+) -> ClientProcess:
     args = [
-        sys.executable,
-        str(SUPPORT / "window_client.py"),
         address,
         dataset,
         str(rank),
@@ -133,10 +130,10 @@ def start_rank(
     ]
     if state_out:
         args.append(state_out)
-    return subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    return ClientProcess(SUPPORT / "window_client.py", args)
 
 
-def finish(procs: list[subprocess.Popen]) -> None:
+def finish(procs: list[ClientProcess]) -> None:
     for proc in procs:
         _, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
