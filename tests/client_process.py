@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import IO, Any
 
 SUPPORT = Path(__file__).resolve().parent / "support"
-# Environment every trainer of the tests gets (conftest.subprocess_env's defaults).
+# Environment every trainer of the tests gets beside the test process's own, as
+# conftest.subprocess_env gives it.
 _DEFAULT_ENV = {"GRPC_VERBOSITY": "ERROR"}
 
 
@@ -65,6 +66,7 @@ def _child(
         open(2, "wb", closefd=False), encoding="utf-8", line_buffering=True
     )
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()  # the caller's environment now, not the forkserver's at its start
     os.environ.update(env)
     sys.path.insert(0, str(SUPPORT))  # as conftest.subprocess_env's PYTHONPATH has it
     if cwd is not None:
@@ -109,7 +111,7 @@ class ClientProcess:
                 tuple(_InheritedFd(fd) for fd in child_ends),
                 argv,
                 code,
-                {**_DEFAULT_ENV, **(env or {})},
+                {**os.environ, **_DEFAULT_ENV, **(env or {})},
                 None if cwd is None else os.fspath(cwd),
             ),
             daemon=False,

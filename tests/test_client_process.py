@@ -27,6 +27,15 @@ def test_output_exit_status_and_environment() -> None:
     assert proc.pid != os.getpid()
 
 
+def test_the_environment_is_the_callers_at_the_start_not_the_forkservers(monkeypatch) -> None:
+    ClientProcess(code="pass").communicate(timeout=60)  # the forkserver runs already
+    monkeypatch.setenv("BQ_SET_LATER", "1")
+    monkeypatch.delenv("BQ_GONE", raising=False)
+    code = "import os\nprint(os.environ.get('BQ_SET_LATER'), os.environ.get('BQ_GONE'))"
+    out, _ = ClientProcess(code=code).communicate(timeout=60)
+    assert out == "1 None\n"
+
+
 def test_an_exception_exits_1_with_its_traceback_and_stdin_is_read() -> None:
     proc = ClientProcess(
         code="import sys\nprint(sys.stdin.readline().strip())\nraise KeyError('k')"

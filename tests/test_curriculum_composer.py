@@ -377,3 +377,11 @@ def test_token_histograms_count_every_batch_at_once(shape, high: int, dtype) -> 
     assert got["token_hist_ids"].dtype == torch.int32 == got["token_hist_counts"].dtype
     assert torch.equal(got["token_hist_ids"].to(torch.int64), torch.cat(ids))
     assert torch.equal(got["token_hist_counts"].to(torch.int64), torch.cat(counts))
+
+
+def test_token_histograms_of_a_file_of_padding_only_are_empty() -> None:
+    """Labels that are all padding (-100, as token classification pads) count nothing, in
+    every batch, rather than failing on a negative id span."""
+    got = token_histograms({"labels": torch.full((3, 2, 5), -100)}, "labels")
+    assert got["token_hist_offsets"].tolist() == [0, 0, 0, 0]
+    assert got["token_hist_ids"].numel() == 0 == got["token_hist_counts"].numel()

@@ -322,7 +322,7 @@ def token_histograms(
     # count densely per batch is sorted instead. Either way ids come out by batch, then id.
     rows = values.reshape(values.shape[0], -1).numpy()
     nb = rows.shape[0]
-    span = int(rows.max()) + 1 if rows.size else 1
+    span = max(int(rows.max()) + 1, 1) if rows.size else 1  # 1 where every id is padding
     signed = rows.dtype.kind == "i" and rows.size > 0 and int(rows.min()) < 0
     offsets = np.zeros(nb + 1, dtype=np.int64)
     ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
