@@ -98,9 +98,12 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 def tiny_corpus(path: Path, chars: int = 40_000) -> Path:
     """A small deterministic text corpus, written by the test itself."""
     words = ["alpha", "beta", "gamma", "delta", "queue", "batch", "lease", "file", "rank", "seq"]
-    out, i = [], 0
-    while sum(len(w) + 1 for w in out) < chars:
-        out.append(words[(i * 7 + i // 3) % len(words)])
+    out: list[str] = []
+    size, i = 0, 0
+    while size < chars:
+        word = words[(i * 7 + i // 3) % len(words)]
+        out.append(word)
+        size += len(word) + 1
         i += 1
     path.write_text(" ".join(out) + "\n", encoding="utf-8")
     return path
@@ -130,12 +133,13 @@ def char_config(
     block_size: int = 16,
     batches_per_file: int = 5,
     extra: str = "",
-    server: str = "lease_ttl_s = 30",
+    server: str | None = "lease_ttl_s = 30",
 ) -> str:
-    return textwrap.dedent(
+    """A char_lm dataset over `corpus`; with server=None the dataset's tables alone, to join
+    to another config."""
+    head = "" if server is None else f"[server]\n{server}\n"
+    return head + textwrap.dedent(
         f"""
-        [server]
-        {server}
         [datasets.{name}]
         provider = "char_lm"
         batch_size = {batch_size}

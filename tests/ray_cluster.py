@@ -78,6 +78,13 @@ class RayCluster:
         self.cluster.wait_for_nodes()
         return node
 
+    def is_dead(self, node: Any) -> bool:
+        """Whether the head has declared the node dead (a raylet that starts on starved
+        cores can miss the head's health checks, and a dead node never comes back)."""
+        import ray
+
+        return any(n["NodeID"] == node.node_id and not n["Alive"] for n in ray.nodes())
+
     def remove_node(self, node: Any, graceful: bool = True) -> None:
         """End the node's raylet and every worker on it (its actors die with it); not
         graceful: SIGKILL, as a machine that is lost (the head learns it by its health

@@ -6,9 +6,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import char_config, wait_until
+from conftest import ServerFactory, char_config, tiny_corpus, wait_until
 from queue_client import QueueClient
 from queue_server.testing import ServerProcess
 
@@ -31,16 +32,34 @@ def _samples(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
     return out
 
 
-def test_metrics_follow_the_queue(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
+@pytest.fixture(scope="module")
+def shared_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_corpus(tmp_path_factory.mktemp("metrics_corpus") / "corpus.txt")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, shared_corpus: Path):
+    """One server for the tests that need no restart, a dataset each (a server start costs
+    about two seconds of CPU: its workers' forkserver imports torch)."""
+    config = "[server]\nlease_ttl_s = 30\n" + "".join(
+        char_config(shared_corpus, name=name, extra=extra, server=None)
+        for name, extra in (("follow", ""), ("tokens", "workers = 2"))
+    )
+    factory = ServerFactory(tmp_path_factory.mktemp("metrics_http"))
+    yield factory(config)
+    factory.close()
+
+
+def test_metrics_follow_the_queue(shared) -> None:
+    server = shared
     assert server.metrics_address
     assert _get(server.metrics_address, "/healthz") == (200, "SERVING\n")
-    key = (("dataset", "chars"), ("split", "train"))
+    key = (("dataset", "follow"), ("split", "train"))
     wait_until(
         lambda: _samples(server.metrics_address)[("batchqueue_files_produced_total", key)] >= 4,
         what="production in /metrics",
     )
-    with QueueClient(server.address, "chars") as client:
+    with QueueClient(server.address, "follow") as client:
         for _ in range(5 * 3):
             client.get_batch("train")
         wait_until(
@@ -48,7 +67,7 @@ def test_metrics_follow_the_queue(start_server, corpus: Path) -> None:
             what="consumption in /metrics",
         )
         samples = _samples(server.metrics_address)
-    assert samples[("batchqueue_dataset_up", (("dataset", "chars"),))] == 1.0
+    assert samples[("batchqueue_dataset_up", (("dataset", "follow"),))] == 1.0
     assert samples[("batchqueue_produced_bytes_total", key)] > 0
     assert ("batchqueue_backlog_files", key) in samples and (
         "batchqueue_leases_expired_total",
@@ -83,26 +102,26 @@ max_worker_restarts = 0
 
 
 def test_metrics_count_tokens_and_worker_memory_without_bogus_series(
-    start_server, corpus: Path
+    shared,
 ) -> None:
     """A token counter and each worker's resident memory; no `_created` series (they only
     restate the start time) and no le="0.0" bucket in the wait histogram."""
-    server = start_server(char_config(corpus, extra="workers = 2"))
-    key = (("dataset", "chars"), ("split", "train"))
-    with QueueClient(server.address, "chars") as client:
+    server = shared
+    key = (("dataset", "tokens"), ("split", "train"))
+    with QueueClient(server.address, "tokens") as client:
         for _ in range(5 * 3):
             client.get_batch("train")
         wait_until(
-            lambda: server.split_stats("chars")["consumed_files"] >= 2, what="files consumed"
+            lambda: server.split_stats("tokens")["consumed_files"] >= 2, what="files consumed"
         )
-        consumed = server.split_stats("chars")["consumed_files"]
+        consumed = server.split_stats("tokens")["consumed_files"]
         samples = _samples(server.metrics_address)
     # char_config: batch_size 4, block_size 16, batches_per_file 5.
     assert samples[("batchqueue_tokens_served_total", key)] == consumed * 5 * 4 * 16
-    pids = {s: server.split_stats("chars", s)["worker_pids"] for s in ("train", "val")}
+    pids = {s: server.split_stats("tokens", s)["worker_pids"] for s in ("train", "val")}
     for split, split_pids in pids.items():
         for worker in range(len(split_pids)):
-            labels = (("dataset", "chars"), ("split", split), ("worker", str(worker)))
+            labels = (("dataset", "tokens"), ("split", split), ("worker", str(worker)))
             assert samples[("batchqueue_worker_rss_bytes", labels)] > 20 << 20
     assert not any(name.endswith("_created") for name, _ in samples)
     status, text = _get(server.metrics_address, "/metrics")
@@ -112,17 +131,17 @@ def test_metrics_count_tokens_and_worker_memory_without_bogus_series(
 
 
 def test_a_second_server_on_the_same_metrics_address_exits_naming_it(
-    start_server, corpus: Path, tmp_path: Path
+    shared, shared_corpus: Path, tmp_path: Path
 ) -> None:
     """Several servers on one host each need their own --metrics-listen: the second one on an
     address in use exits with code 1 and a message naming the address and the setting, and
     the first one serves on."""
-    first = start_server(char_config(corpus))
+    first = shared
     taken = first.metrics_address
     second = ServerProcess(
         tmp_path / "second",
         data_root=tmp_path / "second-root",
-        config_text=char_config(corpus),
+        config_text=char_config(shared_corpus),
         metrics_listen=taken,
     )
     try:

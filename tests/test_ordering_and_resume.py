@@ -18,7 +18,7 @@ import grpc
 import pytest
 from client_process import ClientProcess
 
-from conftest import SUPPORT, wait_until
+from conftest import SUPPORT, ServerFactory, wait_until
 from queue_client import NoBatchReady, QueueClient
 from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
@@ -28,6 +28,12 @@ BS = 2  # rows per batch: a state's offsets count rows
 
 
 def tiny_config(*names: str, workers: int = 1, mode: str = "deterministic", extra: str = "") -> str:
+    return "[server]\nlease_ttl_s = 30\n" + tiny_tables(
+        *names, workers=workers, mode=mode, extra=extra
+    )
+
+
+def tiny_tables(*names: str, workers: int = 1, mode: str = "deterministic", extra: str = "") -> str:
     tables = []
     for name in names:
         tables.append(
@@ -43,7 +49,7 @@ def tiny_config(*names: str, workers: int = 1, mode: str = "deterministic", extr
                 """
             )
         )
-    return "[server]\nlease_ttl_s = 30\n" + "".join(tables)
+    return "".join(tables)
 
 
 class Rank:
@@ -95,6 +101,24 @@ def _run(tmp: Path, tag: str, address: str, world: int, jobs_for: Any) -> list[R
     return ranks
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory):
+    """One server for the tests that need no restart, datasets of their own (a server start
+    costs about two seconds of CPU: its workers' forkserver imports torch)."""
+    config = "[server]\nlease_ttl_s = 30\n" + "".join(
+        (
+            tiny_tables("cover", workers=3),
+            tiny_tables("elastic"),
+            tiny_tables("lead", mode="best_effort", extra="max_lead = 2\nmax_backlog_files = 4"),
+            tiny_tables("timeout", extra="max_backlog_files = 1"),
+            tiny_tables("rewind", "takeback", extra="max_backlog_files = 2"),
+        )
+    )
+    factory = ServerFactory(tmp_path_factory.mktemp("ordering"))
+    yield factory(config)
+    factory.close()
+
+
 def test_two_runs_give_bit_identical_streams(start_server, tmp_path: Path) -> None:
     hashes = []
     for run in ("a", "b"):
@@ -114,21 +138,21 @@ def test_two_runs_give_bit_identical_streams(start_server, tmp_path: Path) -> No
     assert hashes[0][0] != hashes[0][1]
 
 
-def test_four_ranks_cover_every_seq_exactly_once_with_three_workers(
-    start_server, tmp_path: Path
-) -> None:
-    server = start_server(tiny_config("d", workers=3))
+def test_four_ranks_cover_every_seq_exactly_once_with_three_workers(shared, tmp_path: Path) -> None:
+    server = shared
     ranks = _run(
-        tmp_path, "cover", server.address, 4, lambda r: [{"dataset": "d", "batches": 3 * NB}]
+        tmp_path, "cover", server.address, 4, lambda r: [{"dataset": "cover", "batches": 3 * NB}]
     )
-    seen = {r: {(b["seq"], b["offset"]) for b in rank.batches("d")} for r, rank in enumerate(ranks)}
+    seen = {
+        r: {(b["seq"], b["offset"]) for b in rank.batches("cover")} for r, rank in enumerate(ranks)
+    }
     for r in range(4):
         assert {s for s, _ in seen[r]} == {r, r + 4, r + 8}  # seq = rank (mod 4)
         for q in range(r + 1, 4):
             assert not seen[r] & seen[q]
     union = set().union(*seen.values())
     assert union == {(s, i) for s in range(12) for i in range(NB)}
-    hashes = [b["hash"] for rank in ranks for b in rank.batches("d")]
+    hashes = [b["hash"] for rank in ranks for b in rank.batches("cover")]
     assert len(set(hashes)) == len(hashes)  # no batch served twice, not even by content
 
 
@@ -169,17 +193,17 @@ def test_prefix_property_after_sigkill_of_server_and_clients(start_server, tmp_p
             assert stitched == reference, f"rank {r}, split point {d}"
 
 
-def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(
-    start_server, tmp_path: Path
-) -> None:
-    server = start_server(tiny_config("d"))
+def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(shared, tmp_path: Path) -> None:
+    server = shared
     # Four ranks read 7 batches each: one whole file and two batches of the next.
     old = _run(
         tmp_path,
         "old",
         server.address,
         4,
-        lambda r: [{"dataset": "d", "batches": 7, "state_out": str(tmp_path / f"old-r{r}.state")}],
+        lambda r: [
+            {"dataset": "elastic", "batches": 7, "state_out": str(tmp_path / f"old-r{r}.state")}
+        ],
     )
     states = [json.loads((tmp_path / f"old-r{r}.state").read_text()) for r in range(4)]
     (tmp_path / "all.state").write_text(json.dumps(states))
@@ -189,15 +213,15 @@ def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(
         "new",
         server.address,
         2,
-        lambda r: [{"dataset": "d", "batches": 26, "state_in": str(tmp_path / "all.state")}],
+        lambda r: [{"dataset": "elastic", "batches": 26, "state_in": str(tmp_path / "all.state")}],
     )
-    consumed = [(b["seq"], b["offset"]) for rank in old + new for b in rank.batches("d")]
+    consumed = [(b["seq"], b["offset"]) for rank in old + new for b in rank.batches("elastic")]
     counts = Counter(consumed)
     assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
     assert {k for k in counts if k[0] < 16} == {(s, i) for s in range(16) for i in range(NB)}
-    assert {b["seq"] for b in new[0].batches("d")} == {4, 6, 8, 10, 12, 14}
+    assert {b["seq"] for b in new[0].batches("elastic")} == {4, 6, 8, 10, 12, 14}
     # A single rank's state is enough when ranks stepped in lockstep: the same plan comes out.
-    with QueueClient(server.address, "d", rank=1, world_size=2) as client:
+    with QueueClient(server.address, "elastic", rank=1, world_size=2) as client:
         client.load_state_dict(states[2])
         assert client.state_dict()["splits"]["train"] == {
             "seq": 5,
@@ -249,16 +273,14 @@ def test_client_survives_a_server_restart(start_server, tmp_path: Path) -> None:
             assert (fresh.get_batch("train")[0] == expected).all()
 
 
-def test_best_effort_bounds_the_lead_over_the_slowest_rank(start_server) -> None:
-    server = start_server(
-        tiny_config("d", mode="best_effort", extra="max_lead = 2\nmax_backlog_files = 4")
-    )
+def test_best_effort_bounds_the_lead_over_the_slowest_rank(shared) -> None:
+    server = shared
     stub = server.stub
 
     def take(rank: int) -> pb.Lease:
         lease = stub.AcquireLease(
             pb.AcquireLeaseRequest(
-                dataset="d",
+                dataset="lead",
                 split="train",
                 rank=rank,
                 world_size=2,
@@ -275,7 +297,7 @@ def test_best_effort_bounds_the_lead_over_the_slowest_rank(start_server) -> None
         )
         return lease
 
-    wait_until(lambda: server.split_stats("d")["ready_files"] >= 4, what="a backlog")
+    wait_until(lambda: server.split_stats("lead")["ready_files"] >= 4, what="a backlog")
     seqs = [take(0).seq, take(0).seq]
     with pytest.raises(grpc.RpcError) as err:
         take(0)  # two files ahead of rank 1, which has read nothing
@@ -285,17 +307,17 @@ def test_best_effort_bounds_the_lead_over_the_slowest_rank(start_server) -> None
     assert len(set(seqs)) == 4
 
 
-def test_get_batch_after_a_timeout_skips_nothing(start_server) -> None:
-    server = start_server(tiny_config("d", extra="max_backlog_files = 1"))
+def test_get_batch_after_a_timeout_skips_nothing(shared) -> None:
+    server = shared
     # Rank 1 of 2 alone: once its window is used up, production waits for rank 0.
-    with QueueClient(server.address, "d", rank=1, world_size=2, timeout_s=1.0) as rank1:
+    with QueueClient(server.address, "timeout", rank=1, world_size=2, timeout_s=1.0) as rank1:
         got = []
         with pytest.raises(NoBatchReady):
             while True:
                 rank1.get_batch("train")
                 got.append(rank1.state_dict()["splits"]["train"]["seq"])
         stuck = rank1.state_dict()["splits"]["train"]
-        rank0 = QueueClient(server.address, "d", rank=0, world_size=2, timeout_s=60)
+        rank0 = QueueClient(server.address, "timeout", rank=0, world_size=2, timeout_s=60)
         for _ in range(6 * NB):
             rank0.get_batch("train")
         rank1.get_batch("train")  # production moved on: the retry succeeds
@@ -340,11 +362,11 @@ workers = 2
     assert server.split_stats("s")["reproduced_files"] >= 4
 
 
-def test_taking_back_a_lost_lease_is_not_a_rewind(start_server) -> None:
+def test_taking_back_a_lost_lease_is_not_a_rewind(shared) -> None:
     """A client whose release met a restarted server takes the lease again to release it,
     perhaps after reading further: that must not rewind the rank's stream and make the files
     after it again. A plain request for an old seq is a rewind (a checkpoint load), and does."""
-    server = start_server(tiny_config("rewind", "takeback", extra="max_backlog_files = 2"))
+    server = shared
     stub = server.stub
 
     def acquire(dataset: str, seq: int, again: bool = False) -> pb.Lease:

@@ -122,12 +122,23 @@ def test_dead_actors_leave_stats_a_stall_is_reported_and_a_joining_node_ends_it(
     assert waited and server.proc.poll() is None
 
     node = ray_cluster.add_node(num_cpus=3, labels={key: value})
+    replaced = 0
+
+    def serving() -> bool:
+        """SERVING; a joining node that the head declares dead (its raylet missed the
+        health checks on starved cores: Ray's, not the server's) is replaced, twice at most,
+        as an operator would add another machine."""
+        nonlocal node, replaced
+        if health(server, "chars") == SERVING:
+            return True
+        if replaced < 2 and ray_cluster.is_dead(node):
+            ray_cluster.remove_node(node, graceful=False)
+            node = ray_cluster.add_node(num_cpus=3, labels={key: value})
+            replaced += 1
+        return False
+
     try:
-        wait_until(
-            lambda: health(server, "chars") == SERVING,
-            ACTOR_START_S,
-            "the new node to take the actors",
-        )
+        wait_until(serving, ACTOR_START_S, "the new node to take the actors")
         rows += read_batches(
             server, "chars", 2 * BPF, tmp_path / "3.jsonl", state_of(tmp_path / "2.jsonl")
         )

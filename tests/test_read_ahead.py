@@ -17,8 +17,11 @@ from queue_client.readahead import ReadAhead, read_ahead_for
 B, T = 4, 16
 
 
-def _lane_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("queue-client-train-")}
+def _lane_threads(before: set[threading.Thread]) -> set[threading.Thread]:
+    """The train stream's threads started since `before` (not another test's client's)."""
+    return {
+        t for t in set(threading.enumerate()) - before if t.name.startswith("queue-client-train-")
+    }
 
 
 def test_depth_grows_with_a_trainer_faster_than_a_fetch_and_never_past_its_cap() -> None:
@@ -52,11 +55,12 @@ def test_a_fast_reader_gets_the_next_files_loaded_before_its_file_ends(
         char_config(corpus, batch_size=B, block_size=T, extra="max_backlog_files = 8")
     )
     server.wait_ready_files("chars", 8)
+    before = set(threading.enumerate())
     with QueueClient(server.address, "chars", prefetch_files=1) as client:
         # Every thread of the stream runs before the first switch: a switch never starts
         # one. As many as fetches in flight at the deepest read-ahead, and three for releases.
         client.get_batch("train")
-        lane = _lane_threads()
+        lane = _lane_threads(before)
         assert len(lane) == 2 + 3
         assert client.stream_view("train").read_ahead == 1
         assert client._streams["train"].read_ahead.cap == 2  # the server allows 8 + 1
@@ -72,7 +76,7 @@ def test_a_fast_reader_gets_the_next_files_loaded_before_its_file_ends(
         view = client.stream_view("train")
         assert view.row < view.rows_in_file and view.next_file == "ready"
         assert server.split_stats("chars")["leased_files"] >= 3
-        assert _lane_threads() == lane
+        assert _lane_threads(before) == lane
         assert not [t for t in threading.enumerate() if t.name.startswith("queue-client_")]
     # A closed stream's threads end (after running what was handed to them).
     assert all(not t.is_alive() for t in lane)

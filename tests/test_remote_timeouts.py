@@ -24,6 +24,12 @@ CORPUS = b"".join(
 )
 # Allowance over retry_seconds for a loaded machine: the last try's cancellation, a backoff.
 SLACK_S = 6.0
+# A real server start over a dead endpoint is measured against one over a missing object
+# (which fails at once), run just before it on the same machine: twice that start, plus
+# retry_seconds and this slack, holds at load 4 and more on 2 cores (15.9 s was seen against
+# a 5.9 s baseline). Without the bound a silent endpoint took 120 s and a trickling one never
+# ended (the run's 90 s timeout).
+START_SLACK_S = 10.0
 
 
 def build(url: str, tmp_path: Path) -> None:
@@ -95,17 +101,17 @@ def serve_once(workdir: Path, url: str) -> tuple[int, str, float]:
 def test_a_server_start_over_silent_or_trickling_endpoints_fails_within_the_bound(
     tmp_path: Path,
 ) -> None:
-    """The same faults at a real start: exit code 2 naming the URL, no later than a start
-    that fails at once (a 404) plus retry_seconds and slack."""
+    """The same faults at a real start: exit code 2 naming the URL, no later than twice a
+    start that fails at once (a 404) plus retry_seconds and slack."""
     with ObjectServer({"corpus.jsonl": CORPUS}) as http, silent_endpoint() as base:
         code, out, baseline = serve_once(tmp_path / "missing", http.url("missing.jsonl"))
         assert code == 2 and "does not exist" in out, out
         silent = f"{base}/corpus.jsonl"
         code, out, took = serve_once(tmp_path / "silent", silent)
         assert code == 2 and f"input {silent!r} cannot be read: no answer" in out, out
-        assert took < baseline + RETRY_SECONDS + SLACK_S, (took, baseline)
+        assert took < 2 * baseline + RETRY_SECONDS + START_SLACK_S, (took, baseline)
         http.trickle = True
         code, out, took = serve_once(tmp_path / "trickle", http.url("corpus.jsonl"))
         assert code == 2, out
         assert f"input {http.url('corpus.jsonl')!r} cannot be read: no answer" in out, out
-        assert took < baseline + RETRY_SECONDS + SLACK_S, (took, baseline)
+        assert took < 2 * baseline + RETRY_SECONDS + START_SLACK_S, (took, baseline)

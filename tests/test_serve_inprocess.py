@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -144,6 +145,7 @@ def test_the_data_root_is_consistent_after_exit_and_serves_again(
         sock = Path(address.removeprefix("unix:"))
         assert sock.exists()
         # Left open: the server stops with this lease held, and files being produced.
+        threads_before = set(threading.enumerate())
         client = QueueClient(address, "chars", rank=0, world_size=1, reconnect_timeout_s=0.5)
         for _ in range(5):  # into the third file: two consumed, one still leased
             client.get_batch("train")
@@ -155,6 +157,10 @@ def test_the_data_root_is_consistent_after_exit_and_serves_again(
         # Releases go in the background: stop once the server has taken the first one.
         wait_until(lambda: consumed() >= 1, 30, "the first file's release")
     client.close()
+    # Closed after its server was gone (it cannot give its leases back), the client still
+    # ends every thread it started.
+    left = [t.name for t in set(threading.enumerate()) - threads_before]
+    assert not [name for name in left if name.startswith("queue-client")], left
     assert not sock.exists()
     # Nothing half-written anywhere, and the root is free for the next server.
     assert [p for p in root.rglob("*") if is_temp_name(p.name)] == []

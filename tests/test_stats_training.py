@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import char_config, subprocess_env, wait_until
+from conftest import ServerFactory, char_config, subprocess_env, tiny_corpus, wait_until
 from queue_client import QueueClient
 from queue_client.cli import main
 from queue_client.layout import DatasetLayout
@@ -29,6 +29,30 @@ provider = "bq_test_providers:TinyProvider"
 batch_size = 2
 batches_per_file = 2
 """
+
+
+# The module's one server (a server start costs about two seconds of CPU: its workers'
+# forkserver imports torch) has a dataset per test that needs no restart, so each starts from
+# seq 0 with no other client's leases or warnings.
+SHARED_EXTRAS = {
+    "backlog": "max_backlog_files = 3",
+    "rss": "workers = 2",
+    "dup": "",
+    "pairs": "",
+}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("stats_training")
+    corpus = tiny_corpus(tmp / "corpus.txt")
+    config = TINY + "".join(
+        char_config(corpus, name=name, extra=extra, server=None)
+        for name, extra in SHARED_EXTRAS.items()
+    )
+    factory = ServerFactory(tmp)
+    yield factory(config)
+    factory.close()
 
 
 def read(client: QueueClient, batches: int, split: str = "train") -> None:
@@ -111,35 +135,35 @@ def test_rates_survive_a_restart_and_regenerated_files_are_counted_apart(
         assert train["tokens_per_s"] > 0 and train["epochs"] > 0
 
 
-def test_backlog_per_rank(start_server, corpus: Path) -> None:
+def test_backlog_per_rank(shared) -> None:
     """Rank 0 of 2 reads (it holds the file it reads and the next); rank 1 has not come yet,
     so its whole window waits ready. Each rank's backlog is its own files, not leased."""
-    server = start_server(char_config(corpus, extra="max_backlog_files = 3"))
+    server = shared
     # Before any client, production fills the window of world size 1 and stops. The first
     # request (world size 2, files already on disk) must set it going again by itself.
-    wait_until(lambda: server.split_stats("chars")["ready_files"] == 5, what="a full window")
-    with QueueClient(server.address, "chars", rank=0, world_size=2, prefetch_files=1) as r0:
+    wait_until(lambda: server.split_stats("backlog")["ready_files"] == 5, what="a full window")
+    with QueueClient(server.address, "backlog", rank=0, world_size=2, prefetch_files=1) as r0:
         read(r0, 1)
 
         def backlog() -> list[tuple[int, int, int]] | None:
-            s = server.split_stats("chars")
+            s = server.split_stats("backlog")
             ranks = [
                 (int(r["rank"]), int(r["ready_files"]), int(r["files_leased"])) for r in s["ranks"]
             ]
             return ranks if ranks == [(0, 3, 2), (1, 5, 0)] else None
 
         wait_until(backlog, what="each rank's window filled")
-        stats = server.split_stats("chars")
+        stats = server.split_stats("backlog")
         assert stats["ready_files"] == sum(int(r["ready_files"]) for r in stats["ranks"])
 
 
-def test_each_worker_reports_its_resident_memory(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus, extra="workers = 2"))
-    with QueueClient(server.address, "chars") as client:
+def test_each_worker_reports_its_resident_memory(shared) -> None:
+    server = shared
+    with QueueClient(server.address, "rss") as client:
         client.get_batch("val")  # val starts its worker on its first lease
-    wait_until(lambda: len(server.split_stats("chars")["worker_pids"]) == 2, 60, "train's workers")
+    wait_until(lambda: len(server.split_stats("rss")["worker_pids"]) == 2, 60, "train's workers")
     for split in ("train", "val"):
-        stats = server.split_stats("chars", split)
+        stats = server.split_stats("rss", split)
         pids = [int(p) for p in stats["worker_pids"]]
         rss = [int(b) for b in stats["worker_rss_bytes"]]
         assert len(rss) == len(pids) >= 1
@@ -160,9 +184,9 @@ def test_each_worker_reports_its_resident_memory(start_server, corpus: Path) -> 
 
 
 def test_epochs_are_unknown_without_a_split_size(
-    start_server, capsys: pytest.CaptureFixture[str], monkeypatch
+    shared, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
-    server = start_server(TINY)
+    server = shared
     with QueueClient(server.address, "tiny") as client:
         read(client, 5)
         wait_until(lambda: server.split_stats("tiny")["consumed_files"] >= 2, what="consumption")
@@ -177,17 +201,17 @@ def test_epochs_are_unknown_without_a_split_size(
 
 
 def test_two_clients_on_one_rank_are_warned_in_stats_and_in_the_log(
-    start_server, corpus: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+    shared, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
     """Two trainers given the same rank take each other's leases: the server says so."""
-    server = start_server(char_config(corpus))
-    with QueueClient(server.address, "chars") as a, QueueClient(server.address, "chars") as b:
+    server = shared
+    with QueueClient(server.address, "dup") as a, QueueClient(server.address, "dup") as b:
         read(a, 1)
         read(b, 1)  # b starts the rank's stream over: it takes a's lease of seq 0
         read(a, 5)  # a goes on: into its next file
 
         def warned() -> dict[str, Any] | None:
-            s = server.split_stats("chars")
+            s = server.split_stats("dup")
             return s if s["warnings"] else None
 
         stats = wait_until(warned, what="a duplicate-rank warning in stats")
@@ -195,28 +219,28 @@ def test_two_clients_on_one_rank_are_warned_in_stats_and_in_the_log(
         assert sorted(rank0["duplicate_clients"]) == sorted([a.client_id, b.client_id])
         assert "rank 0" in stats["warnings"][0] and a.client_id in stats["warnings"][0]
         monkeypatch.setenv("COLUMNS", "300")
-        assert "claimed by 2 live clients" in cli_stats(capsys, server.address, "chars")
+        assert "claimed by 2 live clients" in cli_stats(capsys, server.address, "dup")
     log = server.log()
-    assert "WARNING" in log and "rank 0 is claimed by 2 live clients" in log
+    assert "WARNING" in log and "dup/train: rank 0 is claimed by 2 live clients" in log
     assert a.client_id in log and b.client_id in log
 
 
-def test_one_client_per_rank_gets_no_warning(start_server, corpus: Path) -> None:
-    server = start_server(char_config(corpus))
+def test_one_client_per_rank_gets_no_warning(shared) -> None:
+    server = shared
     with (
-        QueueClient(server.address, "chars", rank=0, world_size=2) as r0,
-        QueueClient(server.address, "chars", rank=1, world_size=2) as r1,
+        QueueClient(server.address, "pairs", rank=0, world_size=2) as r0,
+        QueueClient(server.address, "pairs", rank=1, world_size=2) as r1,
     ):
         for _ in range(3):
             read(r0, 5)
             read(r1, 5)
-        stats = server.split_stats("chars")
+        stats = server.split_stats("pairs")
     assert stats["warnings"] == [] and all(not r["duplicate_clients"] for r in stats["ranks"])
     # A restarted trainer replacing the one before it is no duplicate either.
-    with QueueClient(server.address, "chars", rank=0, world_size=2) as again:
+    with QueueClient(server.address, "pairs", rank=0, world_size=2) as again:
         read(again, 6)
-        assert server.split_stats("chars")["warnings"] == []
-    assert "claimed by" not in server.log()
+        assert server.split_stats("pairs")["warnings"] == []
+    assert "pairs/train: rank" not in server.log()  # the other datasets' warnings aside
 
 
 def test_stats_watch_outlasts_a_restart_without_a_zero_rate(start_server, corpus: Path) -> None:

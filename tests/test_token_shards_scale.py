@@ -99,6 +99,10 @@ def test_a_terabyte_corpus_starts_and_serves_like_100_mb(tmp_path: Path) -> None
         big_cpu, big_rss = start_and_measure(factory, tmp_path / "root-big", [str(big / "*.bin")])
     finally:
         factory.close()
-    assert big_cpu <= 1.1 * small_cpu + 2.0, (big_cpu, small_cpu)
+    # A start that read or hashed the terabyte would spend minutes of CPU. The bound leaves
+    # room for what a loaded machine adds even to CPU time: under memory pressure the
+    # kernel's reclaim is charged to the process that faults a page in (5.1 s against 2.4 s
+    # was seen with the whole suite and two busy loops on 2 cores; 2.0 s each when quiet).
+    assert big_cpu <= 2 * small_cpu + 4.0, (big_cpu, small_cpu)
     assert big_rss <= 1.1 * small_rss + (32 << 20), (big_rss, small_rss)
     assert os.path.getsize(big / "part0.bin") == 256 * GIB

@@ -365,16 +365,21 @@ class SplitStream:
 
     def close(self) -> None:
         """Give back what this stream holds: a finished file as consumed, the rest unread.
-        The releases already handed to the background are done when this returns."""
-        self._give_back_pending()
-        self._lane.close()
-        finished, self._finished = self._finished, []
-        for old in finished:
-            self.source.release(old.lease, CONSUMED)
-        cur, self.current = self.current, None
-        if cur is not None:
-            self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
-        self.row = 0
+        The releases already handed to the background are done when this returns. A
+        server that cannot be reached ends the giving back at its first failed call (which
+        raises), and the stream's threads end all the same."""
+        try:
+            self._give_back_pending()
+            self._lane.close()
+            finished, self._finished = self._finished, []
+            for old in finished:
+                self.source.release(old.lease, CONSUMED)
+            cur, self.current = self.current, None
+            if cur is not None:
+                self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
+        finally:
+            self._lane.close()  # idempotent
+            self._finished, self.current, self.row = [], None, 0
 
 
 def _copier(
