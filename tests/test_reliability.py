@@ -408,6 +408,32 @@ def restart_config() -> str:
     )
 
 
+def test_a_client_closed_after_a_server_restart_gives_its_files_back(
+    start_server, tmp_path: Path
+) -> None:
+    """The server restarts while a client holds a file it has read to its end (and two
+    prefetched ones): the leases are unknown to the new server. Closed now, the client takes
+    them again to give them back: the read file counts as consumed and leaves the disk, and
+    no lease stays out. (A closing client used to refuse to take a lease back, so a read file
+    stayed on disk, counted as unconsumed.)"""
+    sock, root = tmp_path / "bq.sock", tmp_path / "root"
+    server = start_server(restart_config(), data_root=root, listen=f"unix:{sock}")
+    client = QueueClient(server.address, "d", reconnect_timeout_s=60)
+    try:
+        read = []
+        for _ in range(NB):  # seq 0 to its end; its release waits for the next call or close
+            client.get_batch("train")
+            split = client.state_dict()["splits"]["train"]
+            read.append((split["seq"], split["offset"]))
+        server.kill(signal.SIGKILL)
+        server = start_server(restart_config(), data_root=root, listen=f"unix:{sock}")
+    finally:
+        client.close()
+    assert read[-1] == (1, 0)  # the position after seq 0's last batch
+    stats = audit(server, "d", consumed_seqs={"train": {0}})["train"]
+    assert stats["leased_files"] == 0 and stats["consumed_files"] == 1, stats
+
+
 def test_server_sigkill_with_leases_out_then_restart(start_server, tmp_path: Path) -> None:
     """The server SIGKILLed while a client process holds leases and keeps reading: the restart
     removes temp files and forgets the old leases, the client reconnects by itself and reads

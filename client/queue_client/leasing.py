@@ -48,7 +48,9 @@ class LeaseMixin:
         reacquire: bool = False,
     ) -> pb.Lease:
         while True:
-            if self._closing:
+            # A closing client leases nothing new; taking back a lease the server lost (it
+            # restarted) goes on, since that is how a closing client gives the file back.
+            if self._closing and not reacquire:
                 raise errors.InvalidRequest(f"the QueueClient for {self.dataset!r} was closed")
             remaining = deadline - time.monotonic()
             request = pb.AcquireLeaseRequest(
