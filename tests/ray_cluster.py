@@ -73,8 +73,7 @@ class RayCluster:
 
     def add_node(self, num_cpus: int = NODE_CPUS, labels: Mapping[str, str] | None = None) -> Any:
         """A further node, up and registered when this returns; remove it with remove_node."""
-        with support_on_pythonpath():
-            node = self.cluster.add_node(num_cpus=num_cpus, labels=dict(labels or {}))
+        node = start_node(self.cluster, num_cpus=num_cpus, labels=dict(labels or {}))
         self.cluster.wait_for_nodes()
         return node
 
@@ -93,6 +92,42 @@ class RayCluster:
 
 
 RAY_FIXTURES = ("ray_cluster", "ray_head")
+# Ray gives a new raylet 30 s to register with the head (a constant in ray._private.node);
+# one that starts on starved cores can take longer, and the attempt is made again.
+NODE_START_ATTEMPTS = 3
+
+
+def _child_raylets() -> set[int]:
+    """Pids of this process's raylet children (ray.cluster_utils starts them directly)."""
+    me, found = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        if name == "raylet" and int(rest.split()[1]) == me:
+            found.add(int(entry))
+    return found
+
+
+def start_node(cluster: Any, **node_args: Any) -> Any:
+    """cluster.add_node, made again when the raylet misses Ray's 30 s to register: the late
+    raylet is killed first, so that it cannot join afterwards as a node nobody removes."""
+    for attempt in range(1, NODE_START_ATTEMPTS + 1):
+        before = _child_raylets()
+        try:
+            with support_on_pythonpath():
+                return cluster.add_node(**node_args)
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == NODE_START_ATTEMPTS:
+                raise
+            for pid in _child_raylets() - before:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    raise AssertionError("unreachable")
 
 
 def uses_ray(item: pytest.Item) -> bool:
@@ -125,7 +160,7 @@ def ray_cluster() -> Iterator[RayCluster]:
         cluster = Cluster(
             initialize_head=True, head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False}
         )
-        pinned = cluster.add_node(num_cpus=NODE_CPUS, labels=dict([PINNED_LABEL]))
+        pinned = start_node(cluster, num_cpus=NODE_CPUS, labels=dict([PINNED_LABEL]))
         cluster.wait_for_nodes()
     try:
         connect(cluster.address)
