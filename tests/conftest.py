@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import warm_forkserver
 from client_process import ClientProcess
 
 from queue_server.testing import ServerProcess, unexpected_exits
@@ -55,6 +56,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed:
         for text in unexpected_exits():
             report.sections.append(("queue-server that ended on its own", text))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_forkservers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The servers that tests start fork their workers' forkserver from a process that has
+    torch imported already (warm_forkserver.py): a server start then costs a fork, not a
+    second or more of CPU. Every process a test starts inherits it through the environment."""
+    saved = {name: os.environ.get(name) for name in (*warm_forkserver.ENV_NAMES, "PYTHONPATH")}
+    zygote = warm_forkserver.Zygote(tmp_path_factory.mktemp("warm-forkserver"))
+    os.environ.update(zygote.env)
+    yield
+    zygote.close()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def cold_forkserver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked cold_forkserver (about a server's process tree, its forkserver's start
+    or its processes' memory) gets servers whose forkserver is a fresh interpreter."""
+    if request.node.get_closest_marker("cold_forkserver") is not None:
+        for name in warm_forkserver.ENV_NAMES:
+            monkeypatch.delenv(name, raising=False)
 
 
 def train_losses(

@@ -240,6 +240,7 @@ def test_a_batch_of_more_files_than_a_rank_may_hold_is_served(start_server) -> N
         assert rows == ref[:200], name
 
 
+@pytest.mark.cold_forkserver  # stops the server's production processes, its descendants
 def test_a_batch_that_fails_mid_way_is_served_whole_on_the_next_call(
     start_server, tmp_path: Path
 ) -> None:

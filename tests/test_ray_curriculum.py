@@ -149,6 +149,7 @@ def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Rows:
 # Two composer actors and a candidate provider start, then start again after the kill: each a
 # Ray worker process importing torch, tens of seconds on a busy 2-core machine.
 @pytest.mark.timeout(300)
+@pytest.mark.cold_forkserver  # no composer among the server's descendants
 def test_composer_actors_serve_the_local_bytes_and_a_killed_one_changes_none(
     ray_cluster: RayCluster,
     start_server: ServerFactory,

@@ -11,6 +11,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from conftest import (
     assert_root_serves_again,
     char_config,
@@ -25,6 +27,7 @@ from queue_client import QueueClient
 from queue_server import serve
 
 
+@pytest.mark.cold_forkserver  # the server, its forkserver and workers end with the caller
 def test_a_server_whose_caller_is_killed_stops_and_frees_the_data_root(
     corpus: Path, tmp_path: Path
 ) -> None:

@@ -79,6 +79,7 @@ def test_stop_kills_a_server_that_ignores_sigterm_and_says_so(tmp_path: Path) ->
     assert server.proc.returncode is not None and server.proc.returncode < 0
 
 
+@pytest.mark.cold_forkserver  # the server's forkserver and workers must end with it
 def test_a_server_whose_test_process_is_killed_stops_and_frees_the_data_root(
     tmp_path: Path, corpus: Path
 ) -> None:

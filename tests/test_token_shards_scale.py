@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from support.token_files import write_llmc, write_raw
 
 from conftest import ServerFactory, process_tree
@@ -70,6 +71,7 @@ def start_and_measure(
     return cpu, rss
 
 
+@pytest.mark.cold_forkserver  # CPU and memory of the server's workers, its descendants
 def test_a_terabyte_corpus_starts_and_serves_like_100_mb(tmp_path: Path) -> None:
     small = tmp_path / "small"
     small.mkdir()

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from conftest import kill_leftovers, process_gone, process_tree, subprocess_env, wait_until
 
 SCRIPT = textwrap.dedent(
@@ -71,6 +73,7 @@ STARTER = textwrap.dedent(
 )
 
 
+@pytest.mark.cold_forkserver  # the forkserver's own torch import
 def test_a_forkserver_whose_server_is_gone_mid_import_exits_at_once(tmp_path: Path) -> None:
     """The server starts the forkserver before anything else; one that exits early (a config
     error, a kill) used to leave it importing torch to the end, seconds of CPU on a busy

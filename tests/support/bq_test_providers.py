@@ -170,3 +170,14 @@ class GradAccumProvider(TinyProvider):
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
         x = torch.randint(0, 999, (self.batch_size, 2, self.width), generator=rng)
         return {"x": x, "y": x + 1}
+
+
+class EnvironProvider(TinyProvider):
+    """Fails its meta build with what its worker process sees of its server's environment
+    and import path (tests/test_warm_forkserver.py)."""
+
+    def build_meta(self) -> dict[str, Any]:
+        import sys
+
+        probe = os.environ.get("BQ_WARM_PROBE")
+        raise RuntimeError(f"worker sees BQ_WARM_PROBE={probe!r} and sys.path {sys.path}")
