@@ -139,6 +139,14 @@ class DataProviderBase(abc.ABC):
         exactly overrides this, so an unrelated file beside them never blocks a start."""
         return path_args(self.args_for_identity(), exclude=Path(self.context.dataset_dir).parent)
 
+    def fixed_inputs(self) -> bool:
+        """True when input_files() lists local files that the args name one by one: no
+        directory, pattern, listing, URL or file that is an input only when present. The
+        records made at build are then the whole input set, so a restarted server checks them
+        itself (size and mtime, as a worker would) and serves the files on disk before any
+        worker has started. A provider whose inputs could grow says False, the default."""
+        return False
+
     def complete_meta(
         self, inputs: Mapping[str, Mapping[str, Any]] | None = None
     ) -> dict[str, Any]:
@@ -160,6 +168,8 @@ class DataProviderBase(abc.ABC):
         meta["batch_format_version"] = FORMAT_VERSION
         records = describe_inputs(self.input_files()) if inputs is None else inputs
         meta["inputs_fingerprint"] = inputs_fingerprint(records)
+        if self.fixed_inputs():
+            meta["inputs_fixed"] = True
         meta.update(self.context.extra_meta)
         validate_meta(meta, where=f"{type(self).__name__}.build_meta()")
         return meta

@@ -132,6 +132,7 @@ class CharDiffusionProvider(DataProviderBase):
         self._inputs: Sequence[Input]
         if input is None:
             (text, self._inputs), self.source = stdlib_corpus(), "python-stdlib"
+            self._fixed = False
         else:
             # A path, or a URL (queue_providers.remote): read whole, through the input cache.
             store = store_for(remote, context.layout.input_cache_dir, "char_diffusion")
@@ -140,6 +141,7 @@ class CharDiffusionProvider(DataProviderBase):
                 raise ConfigError(f"char_diffusion: input {str(path)!r} is not a file")
             text, self.source = read_text(path), shown(path)
             self._inputs = [path]
+            self._fixed = isinstance(path, Path)  # not an object at a URL
         ids, self.chars = encode_chars(text)
         self.mask_id = len(self.chars)
         n_train = int(len(ids) * train_fraction)
@@ -159,6 +161,10 @@ class CharDiffusionProvider(DataProviderBase):
     def input_files(self) -> Sequence[Input]:
         """The text file, or the standard library files the default text was read from."""
         return list(self._inputs)
+
+    def fixed_inputs(self) -> bool:
+        """The text file a local path names (the standard library's files are a listing)."""
+        return self._fixed
 
     def build_meta(self) -> dict[str, Any]:
         t = self.block_size

@@ -78,6 +78,7 @@ class CharLMProvider(DataProviderBase):
         self._inputs: Sequence[Input]
         if input is None:
             (text, self._inputs), self.source = stdlib_corpus(), "python-stdlib"
+            self._fixed = False
         else:
             # A path, or a URL (queue_providers.remote): read whole, through the input cache.
             store = store_for(remote, context.layout.input_cache_dir, "char_lm")
@@ -86,6 +87,7 @@ class CharLMProvider(DataProviderBase):
                 raise ConfigError(f"char_lm input {str(path)!r} is not a file")
             text, self.source = read_text(path), shown(path)
             self._inputs = [path]
+            self._fixed = isinstance(path, Path)  # not an object at a URL
         chars = sorted(set(text))
         self.stoi = {ch: i for i, ch in enumerate(chars)}
         self.itos = dict(enumerate(chars))
@@ -108,6 +110,10 @@ class CharLMProvider(DataProviderBase):
     def input_files(self) -> Sequence[Input]:
         """The text file, or the standard library files the default text was read from."""
         return list(self._inputs)
+
+    def fixed_inputs(self) -> bool:
+        """The text file a local path names (the standard library's files are a listing)."""
+        return self._fixed
 
     def build_meta(self) -> dict[str, Any]:
         t = self.block_size

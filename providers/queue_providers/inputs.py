@@ -23,7 +23,6 @@ counts as a change.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError
+from queue_providers.input_records import inputs_fingerprint, record_content
 from queue_providers.remote import RemoteObject, RemotePath, is_url, redact
 
 # Files are hashed in chunks of this size; hashlib releases the GIL on each, so a few threads
@@ -132,19 +132,6 @@ def _hash_or_raise(key: str) -> str:
         raise ConfigError(f"input {_shown(key)} cannot be read: {exc.strerror}") from None
 
 
-def inputs_fingerprint(records: Mapping[str, Mapping[str, Any]]) -> str:
-    """16 hex digits over each input's path and sha256 (not its mtime: a touch is no change),
-    or for an input at a URL, its version and size."""
-    pairs = sorted((key, _content(r)) for key, r in records.items())
-    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
-
-
-def _content(record: Mapping[str, Any]) -> str:
-    if "sha256" in record:
-        return str(record["sha256"])
-    return f"{record.get('version')}|{record.get('size')}"
-
-
 def check_inputs(
     paths: Sequence[Input],
     recorded: Mapping[str, Mapping[str, Any]],
@@ -186,7 +173,7 @@ def _changes(recorded: Mapping[str, Mapping[str, Any]], now: InputRecords) -> li
             changes.append(f"input {_shown(key)} is new")
         elif new is None:
             changes.append(f"input {_shown(key)} is no longer an input (removed or renamed)")
-        elif "version" in new and _content(old) != _content(new):
+        elif "version" in new and record_content(old) != record_content(new):
             changes.append(
                 f"input {_shown(key)} changed: {old.get('size')} bytes, {old.get('version')} "
                 f"then; {new['size']} bytes, {new['version']} now"

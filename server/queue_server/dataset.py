@@ -27,6 +27,7 @@ from queue_client.meta import (
     validate_meta,
 )
 from queue_client.schema import FieldSpec
+from queue_providers.input_records import inputs_fingerprint, local_files_unchanged
 from queue_server import dataset_workers
 from queue_server.config.dataset import training_split
 from queue_server.config.served_ranks import EVERY_RANK
@@ -286,6 +287,11 @@ class DatasetRuntime:
             )
             return
         recorded = await asyncio.to_thread(_read_inputs, self.layout.inputs_file)
+        if meta.get("inputs_fixed") is True and await asyncio.to_thread(
+            _fixed_inputs_unchanged, recorded, fingerprint, self.server.config_dir
+        ):
+            self.input_records = recorded  # no worker (and no torch) before the first lease
+            return
         checker = dataset_workers.worker(self, "inputs", 0)
         try:
             await checker.start()
@@ -376,6 +382,13 @@ def _read_inputs(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return records if isinstance(records, dict) else {}
+
+
+def _fixed_inputs_unchanged(records: dict[str, Any], fingerprint: str, base: Path) -> bool:
+    """The check a worker would make, for a provider whose records are its whole input set
+    (meta's inputs_fixed): the records are meta's, and each file's size and mtime are still
+    theirs. False sends the check to a worker, which names what changed."""
+    return inputs_fingerprint(records) == fingerprint and local_files_unchanged(records, base)
 
 
 def resolve_data_root(root: Path) -> Path:

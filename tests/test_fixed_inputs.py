@@ -1,0 +1,89 @@
+"""A restarted server checks the inputs of a provider that names them one by one (char_lm on a
+local file: meta's inputs_fixed) by itself, by size and mtime as a worker would, and serves
+the files on disk before any worker has started. Here no worker can start at all: the
+forkserver imports a stand-in torch that never returns."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ServerFactory, char_config, subprocess_env
+from queue_client import QueueClient
+from queue_client.errors import NoBatchReady
+from queue_client.meta import load_meta
+
+
+def _built_root(start_server: ServerFactory, corpus: Path) -> str:
+    """A root with meta built and files waiting on disk; the server stopped."""
+    config = char_config(corpus)
+    first = start_server(config)
+    first.wait_ready_files("chars", 2)
+    first.stop()
+    return config
+
+
+def _torch_never_imports(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a server whose workers' forkserver hangs in `import torch`, and the
+    file that says it began."""
+    blocking = tmp_path / "blocking" / "torch"
+    blocking.mkdir(parents=True)
+    importing = tmp_path / "importing"
+    (blocking / "__init__.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\ntime.sleep(3600)\n"
+    )
+    path = os.pathsep.join([str(blocking.parent), subprocess_env()["PYTHONPATH"]])
+    return {"PYTHONPATH": path}, importing
+
+
+@pytest.mark.cold_forkserver  # the forkserver must import torch itself, and never finish
+def test_a_restarted_server_serves_its_backlog_before_any_worker_starts(
+    start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    config = _built_root(start_server, corpus)
+    assert load_meta(tmp_path / "data" / "chars" / "meta.pkl")["inputs_fixed"] is True
+    env, importing = _torch_never_imports(tmp_path)
+    server = start_server(config, env=env)
+    with QueueClient(server.address, "chars", rank=0, world_size=1, timeout_s=60) as client:
+        x, y = client.get_batch("train")
+    assert x.shape == (4, 16) and bool((x[:, 1:] == y[:, :-1]).all())
+    assert importing.exists()  # the forkserver is still in its import: no worker ran
+    assert server.split_stats("chars")["worker_restarts"] == 0
+
+
+@pytest.mark.cold_forkserver
+def test_a_fixed_input_that_moved_on_waits_for_a_worker_to_check_it(
+    start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    """The same bytes with another mtime: only a worker's hash can tell, so nothing is served
+    while no worker can start."""
+    config = _built_root(start_server, corpus)
+    st = corpus.stat()
+    os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    env, importing = _torch_never_imports(tmp_path)
+    server = start_server(config, env=env)
+    with QueueClient(server.address, "chars", rank=0, world_size=1, timeout_s=3) as client:
+        with pytest.raises(NoBatchReady):
+            client.get_batch("train")
+    assert importing.exists()
+
+
+def test_a_provider_whose_inputs_are_a_listing_records_none_as_fixed(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    """char_lm's default text is a listing of the standard library: a new file there would be
+    a new input, which only the provider can see, so its records are not the whole set."""
+    server = start_server(
+        """
+[datasets.stdlib]
+provider = "char_lm"
+batch_size = 2
+batches_per_file = 2
+[datasets.stdlib.args]
+block_size = 8
+"""
+    )
+    server.stop()
+    assert "inputs_fixed" not in load_meta(tmp_path / "data" / "stdlib" / "meta.pkl")
