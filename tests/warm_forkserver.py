@@ -282,7 +282,7 @@ def _become_forkserver(request: dict[str, object], received: list[int]) -> int:
         os.dup2(fd, target)
     low = 0
     for fd in sorted(set(targets)):
-        if fd > low:  # closerange of an empty range closes more than nothing on some kernels
+        if fd > low:  # os.closerange(0, 0) closes every descriptor (its last, -1, wraps)
             os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 1 << 20)
