@@ -12,7 +12,8 @@ the zygote, which forks a child that becomes that forkserver, running multiproce
 exits as that forkserver does, with its status, so the server sees its forkserver as before.
 
 What differs from a cold start: the forkserver and its workers are the zygote's children, not
-the server's. A test about the server's process tree, its forkserver's start or the memory of
+the server's, and what a library read from the environment when it was imported (torch's
+OpenMP settings) is what the test process had; workers set their threads themselves. A test about the server's process tree, its forkserver's start or the memory of
 its processes is marked `cold_forkserver` and gets real ones. The shim runs the real
 interpreter for anything else (the resource tracker, spawn children) and wherever the zygote
 could not stand in: another namespace, another user, interpreter flags, no zygote.
