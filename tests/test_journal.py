@@ -313,12 +313,14 @@ def test_a_clean_stop_leaves_exactly_the_journaled_files(start_server) -> None:
     journaled file stays. So the next start removes nothing, even one refused for a changed
     input, which must leave the data root as it found it."""
     from queue_client.batchfile import BatchFileName, scan_queue
+    from queue_client.layout import DatasetLayout
 
     server = start_server(TINY)
     server.wait_ready_files("d", 2)
-    qdir = server.data_root / "d" / "queue" / "train"
-    journaled = sorted(str(p) for p in scan_queue(qdir))  # not the temps of files in the making
-    seq = max(BatchFileName.parse(n).seq for n in journaled) + 1_000  # type: ignore[union-attr]
+    layout = DatasetLayout(server.data_root, "d")
+    qdir = layout.queue_dir("train")
+    on_disk = scan_queue(qdir)  # published: journaled, or about to be (or never, if stopped)
+    seq = max(n.seq for n in on_disk) + 1_000
     stray = qdir / str(BatchFileName(1_000, seq, 2))
     stray.write_bytes(b"a batch file no journal record names")
     cut_short = qdir / f".tmp-999999-0-{stray.name}"  # a write cut short, its writer gone
@@ -329,4 +331,10 @@ def test_a_clean_stop_leaves_exactly_the_journaled_files(start_server) -> None:
     assert not [n for n in left if n.startswith(".tmp")], (
         left
     )  # dead writers' temps too (temp_sweep.py)
-    assert set(journaled) <= set(left), (journaled, left)  # made meanwhile may be more
+    # Exactly the journal's waiting files: a file the stop cancelled after its worker had
+    # published it (on disk above, never journaled) is gone with the strays, and no journaled
+    # one is lost. Nothing was consumed here.
+    with Journal(layout.journal_file("train")) as journal:
+        summary = journal.replay()
+    waiting = {e.name for seq, e in summary.produced.items() if seq not in summary.consumed}
+    assert len(waiting) >= 2 and set(left) == waiting, (sorted(waiting), left)
