@@ -5,8 +5,9 @@ on a root whose meta is built (a first server built it and stopped). Timed from 
 of `queue-server` to its ready file (bound), to health SERVING, and to the first batch in a
 trainer that was already running; then every batch read is summed, and the PSS of the
 server and all its children (forkserver, workers) is read from /proc/PID/smaps_rollup once
-the backlog is full. Each launch finds the files the last one left on disk, as a restart
-does, and serves them before any worker has started (char_lm's inputs are fixed). A launch on
+the backlog is full. Each launch finds the files the last one left on disk, and its trainer
+resumes from the last one's state_dict, as a restart does: those files are served before any
+worker has started (char_lm's inputs are fixed). A launch on
 a root that holds the meta alone times a first batch that a worker must make. A val split
 nobody reads starts no worker. The same launch through `serve()` in this process is timed to
 its return (SERVING) and to the first batch.
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.data import Tokens
 from bench.harness import Result, Settings, median
@@ -75,7 +77,12 @@ def _meta_only_root(settings: Settings, n: int) -> Path:
 
 
 def _launch(
-    settings: Settings, tokens: Tokens, n: int, batches: int, root: Path | None = None
+    settings: Settings,
+    tokens: Tokens,
+    n: int,
+    batches: int,
+    root: Path | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     from bench.grain_peer import children
     from queue_client import QueueClient
@@ -94,6 +101,8 @@ def _launch(
         server.wait_serving(120)
         serving = time.monotonic() - began
         with QueueClient(server.address, "start", rank=0, world_size=1) as client:
+            if resume is not None and resume.get("state") is not None:
+                client.load_state_dict(resume["state"])
             x, y = client.get_batch("train")
             first = time.monotonic() - began
             total = int(x.sum()) + int(y.sum())
@@ -113,6 +122,8 @@ def _launch(
             )
             pids = [server.pid, *children(server.pid)]
             pss = pss_mib(pids)
+            if resume is not None:
+                resume["state"] = client.state_dict()
         return {
             "bound": bound,
             "serving": serving,
@@ -125,7 +136,7 @@ def _launch(
         server.stop()
 
 
-def _launch_serve(settings: Settings, tokens: Tokens) -> dict[str, float]:
+def _launch_serve(settings: Settings, tokens: Tokens, resume: dict[str, Any]) -> dict[str, float]:
     """serve()'s launch on the same built root, with the files the last launch left: its
     return (it returns at SERVING) and the first batch, both from the call."""
     from queue_client import QueueClient
@@ -136,9 +147,11 @@ def _launch_serve(settings: Settings, tokens: Tokens) -> dict[str, float]:
     with serve(config, data_root=settings.workdir / "startup-root") as address:
         serving = time.monotonic() - began
         with QueueClient(address, "start", rank=0, world_size=1) as client:
+            client.load_state_dict(resume["state"])
             x, y = client.get_batch("train")
             first = time.monotonic() - began
             total = int(x.sum()) + int(y.sum())
+            resume["state"] = client.state_dict()
     return {"serving": serving, "first": first, "sum": total}
 
 
@@ -157,11 +170,15 @@ def _grain(tokens: Tokens, batches: int) -> dict[str, float] | None:
 def run(settings: Settings, tokens: Tokens, found: dict) -> list[Result]:
     batches = settings.pick(200, 10)
     repeats = settings.pick(3, 1)
-    _launch(settings, tokens, 0, 1)  # builds meta: the timed launches find it built
+    # The trainer of each launch on the built root resumes from the last one's state_dict,
+    # as a restarted trainer does from its checkpoint (one started without it reads its
+    # stream from seq 0 again, and those files are made again).
+    resume: dict[str, Any] = {}
+    _launch(settings, tokens, 0, 1, resume=resume)  # builds meta: the launches find it built
     ours, peer, served, unmade = [], [], [], []
     for i in range(repeats):  # interleaved, so that all see the same load
-        ours.append(_launch(settings, tokens, i + 1, batches))
-        served.append(_launch_serve(settings, tokens))
+        ours.append(_launch(settings, tokens, i + 1, batches, resume=resume))
+        served.append(_launch_serve(settings, tokens, resume))
         unmade.append(_launch(settings, tokens, i + 1, 1, _meta_only_root(settings, i + 1)))
         got = _grain(tokens, batches)
         if got is not None:
@@ -234,7 +251,7 @@ def run(settings: Settings, tokens: Tokens, found: dict) -> list[Result]:
         "s",
         goal=f"<= {FIRST_BATCH_GOAL_S:g} s",
         met=first <= FIRST_BATCH_GOAL_S,
-        note="a restart: the files left on disk are served before any worker starts",
+        note="a restart that resumes its trainer's state: files on disk served before any worker",
     )
     if not peer:
         results.append(first_result)
