@@ -87,3 +87,34 @@ block_size = 8
     )
     server.stop()
     assert "inputs_fixed" not in load_meta(tmp_path / "data" / "stdlib" / "meta.pkl")
+
+
+def test_the_servers_check_trusts_only_exact_local_records(tmp_path: Path) -> None:
+    """Every way a record can fail to prove its file unchanged sends the check to a worker:
+    no records, an input at a URL, a file gone, another size or mtime, and records that are
+    not meta's (an edited inputs.json)."""
+    from queue_providers.input_records import inputs_fingerprint, local_files_unchanged
+    from queue_providers.inputs import describe_inputs
+    from queue_server.dataset import _fixed_inputs_unchanged
+
+    text = tmp_path / "text.txt"
+    text.write_text("some text\n")
+    records = describe_inputs([text])
+    fingerprint = inputs_fingerprint(records)
+    assert _fixed_inputs_unchanged(records, fingerprint, tmp_path)
+    relative = {"text.txt": records[str(text)]}  # as a provider names it from its config dir
+    assert local_files_unchanged(relative, tmp_path)
+    assert not local_files_unchanged(relative, tmp_path / "elsewhere")
+    assert not local_files_unchanged({}, tmp_path)
+    url = {"s3://bucket/text.txt": {"size": 10, "version": "etag:1"}}
+    assert not local_files_unchanged(url, tmp_path)
+    edited = {str(text): {**records[str(text)], "sha256": "0" * 64}}
+    assert local_files_unchanged(edited, tmp_path)  # sizes and mtimes alone cannot tell...
+    assert not _fixed_inputs_unchanged(edited, fingerprint, tmp_path)  # ...meta's fingerprint can
+    st = text.stat()
+    os.utime(text, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert not _fixed_inputs_unchanged(records, fingerprint, tmp_path)
+    text.write_text("some text, longer\n")
+    assert not local_files_unchanged(records, tmp_path)
+    text.unlink()
+    assert not local_files_unchanged(records, tmp_path)
