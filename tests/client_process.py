@@ -98,14 +98,14 @@ class ClientProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
     ) -> None:
-        from queue_server.production.worker_process import _forkserver
+        from queue_server.production.forkserver_start import forkserver_context
 
         assert (script is None) != (code is None), "give a script or code"
         argv = ["-c"] if code is not None else [str(script)]
         argv += list(args or [])
         ends = [os.pipe() for _ in range(3)]
         child_ends = (ends[0][0], ends[1][1], ends[2][1])
-        self._proc = _forkserver().Process(
+        self._proc = forkserver_context().Process(
             target=_child,
             args=(
                 tuple(_InheritedFd(fd) for fd in child_ends),

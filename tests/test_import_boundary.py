@@ -54,6 +54,11 @@ def _modules_after(statement: str) -> set[str]:
         ("from queue_client import QueueClient", {"queue_server", "uvloop"}),
         ("import queue_server.app", {"torch"}),
         ("import queue_server.config.server", {"torch", "uvloop"}),
+        # A server starts its forkserver before anything else: nothing may delay that.
+        (
+            "from queue_server.production.forkserver_start import start_forkserver",
+            {"asyncio", "grpc", "torch", "numpy", "queue_client", "queue_providers"},
+        ),
         # Every server start preloads this in its forkserver: no gRPC, no event loop.
         ("import queue_server.production.worker_main", {"grpc", "uvloop"}),
     ],

@@ -109,3 +109,18 @@ def test_a_stream_resumed_far_ahead_passes_what_was_read_without_files() -> None
 def test_one_server_for_every_rank_makes_every_window() -> None:
     jobs = run(planner(2, stateful=False, served=ServedRanks(), world_size=2))
     assert published(jobs) == list(range(8))
+
+
+def test_the_seq_a_rank_waits_for_is_made_first() -> None:
+    """A trainer asks for its first file before any slot runs: that seq is made first, not
+    after the files behind it in its window (its rank's frontier is already past it)."""
+    every = ServedRanks()
+    plan = planner(2, stateful=False, served=every, world_size=1)
+    plan.schedule.note_request(0, 0, pin=False)  # rank 0 waits for seq 0
+    plan.want(0)
+    first = run(plan)[:2]
+    assert [job for _, job in first] == [Job(0), Job(1)]
+    # A rank that resumes far ahead (a checkpoint) and waits there: the slots jump to the
+    # seq it waits for, not to the one after it.
+    plan.schedule.note_request(0, 30, pin=False)
+    assert [job.seq for _, job in run(plan)][:2] == [30, 31]

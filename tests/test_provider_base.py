@@ -303,6 +303,9 @@ def test_char_lm_meta_matches_text(tmp_path: Path) -> None:
     assert meta["block_size"] == 8
     assert meta["training_type"] == "LM"
     assert meta["source"] == str(tmp_path / "input.txt")
+    ids = torch.cat([provider.data["train"], provider.data["val"]])
+    assert ids.dtype == torch.int64
+    assert ids.tolist() == [meta["stoi"][c] for c in TEXT]
 
 
 def test_char_lm_batches_are_shifted_windows_of_the_text(tmp_path: Path) -> None:

@@ -114,13 +114,16 @@ def test_elastic_change_repartitions_and_refuses_while_others_hold_leases() -> N
     assert schedule.next_for(0) == 0 and schedule.next_for(1) == 1  # reckoned anew
 
 
-def test_lowest_needed_and_stateless_skip_floor() -> None:
+def test_lowest_unread_and_stateless_skip_floor() -> None:
     schedule = Schedule(DETERMINISTIC, max_backlog_files=1, world_size=2)
     schedule.note_request(0, 40, pin=False)
     schedule.note_request(1, 31, pin=False)
-    assert schedule.lowest_needed({}) == 33  # rank 1 needs 33 next; rank 0 needs 42
-    assert schedule.lowest_needed({0: 38}) == 33
-    assert schedule.lowest_needed({0: 30}) == 30
+    # Rank 1 asked for 31 and holds no lease on it: it may still be waiting for it.
+    assert schedule.lowest_unread({}) == 31
+    assert schedule.lowest_unread({0: 38, 1: 31}) == 31
+    assert schedule.lowest_unread({0: 30}) == 30
+    schedule.note_request(1, 33, pin=False)  # 31 read and released: 33 asked for next
+    assert schedule.lowest_unread({0: 40}) == 33
 
 
 def test_ahead_of_requests_covers_each_ranks_window_after_its_request() -> None:
@@ -175,7 +178,7 @@ def test_a_node_local_schedule_names_the_ranks_it_serves(
 def test_only_the_served_ranks_windows_count() -> None:
     schedule = Schedule(DETERMINISTIC, max_backlog_files=1, world_size=4, served=NODE)
     assert list(schedule.active_ranks({})) == [2, 3]
-    assert schedule.lowest_needed({}) == 2  # ranks 0 and 1 would say 0
+    assert schedule.lowest_unread({}) == 2  # ranks 0 and 1 would say 0
     assert [s for s in range(12) if schedule.serves_seq(s)] == [2, 3, 6, 7, 10, 11]
 
 

@@ -132,7 +132,7 @@ class Zygote:
     fork their forkservers from it (empty where no #! line can name this interpreter)."""
 
     def __init__(self, workdir: Path) -> None:
-        from queue_server.production.worker_process import _forkserver
+        from queue_server.production.forkserver_start import forkserver_context
 
         self.env: dict[str, str] = {}
         self._process: Any = None
@@ -154,7 +154,7 @@ class Zygote:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(address)
         listener.listen(64)
-        self._process = _forkserver().Process(target=serve, args=(listener,), daemon=True)
+        self._process = forkserver_context().Process(target=serve, args=(listener,), daemon=True)
         try:
             self._process.start()
         finally:

@@ -35,7 +35,7 @@ from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.config.server import ServerConfig, parse_listen
 from queue_server.dataset import FAILED, SERVING, DatasetRuntime
 from queue_server.production import ray_connect
-from queue_server.production.worker_process import start_forkserver
+from queue_server.production.forkserver_start import start_forkserver
 from queue_server.root_lock import DataRootLock
 from queue_server.rpc.auth import TokenInterceptor
 from queue_server.rpc.fetch_streams import FetchStreams

@@ -18,7 +18,7 @@ def prepare_server_process(start_workers: bool = True) -> None:
         # The workers' forkserver imports torch (about a second of CPU): started first, it
         # runs beside the server's own imports and start, and the first file is made that
         # much sooner. It ends by itself when this process does, whatever happens next.
-        from queue_server.production.worker_process import start_forkserver
+        from queue_server.production.forkserver_start import start_forkserver
 
         start_forkserver()
 

@@ -98,10 +98,11 @@ class Planner:
 
     def _next_stateless(self, slot: int, held: Mapping[int, int]) -> Job | None:
         schedule = self.schedule
-        # Every rank is past the seqs below the lowest frontier: jump over them at once (a
+        # Every rank is past the seqs below the lowest unread one: jump over them at once (a
         # rank may ask for a seq far ahead; skipping one by one would stall the loop). A
-        # stateless provider can make a skipped seq later if asked.
-        floor = schedule.lowest_needed(held)
+        # stateless provider can make a skipped seq later if asked. The seq a rank waits for
+        # is not read: it is made first, not after the ones behind it in its window.
+        floor = schedule.lowest_unread(held)
         if self.next_forward[slot] < floor:
             self.next_forward[slot] = floor + (slot - floor) % self.slots
         while True:
@@ -112,7 +113,7 @@ class Planner:
             if not schedule.in_window(seq, held):
                 return None
             owner = seq % schedule.world_size
-            if seq < schedule.frontier(owner, held) or seq in self.state.offsets:
+            if seq < schedule.first_unread(owner, held) or seq in self.state.offsets:
                 self.next_forward[slot] += self.slots  # read already, or made on demand
                 continue
             return Job(seq)

@@ -112,9 +112,14 @@ class Production:
         self.plan.resume(last_forward)
 
     async def start(self) -> None:
-        """Start every slot at once: each worker's provider loads in its own process."""
-        await asyncio.gather(*(self.start_slot(slot) for slot in range(self.slots)))
-        self.kick()
+        """Start every slot at once: each worker's provider loads in its own process, and
+        each makes its first file as soon as it has loaded, not once the slowest has."""
+
+        async def start_then_make(slot: int) -> None:
+            await self.start_slot(slot)
+            self.kick()
+
+        await asyncio.gather(*(start_then_make(slot) for slot in range(self.slots)))
 
     async def start_slot(self, slot: int) -> None:
         """Start a slot whose stream carries on after its last journaled forward file."""

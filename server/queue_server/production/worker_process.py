@@ -14,37 +14,18 @@ import contextlib
 import json
 import logging
 import multiprocessing
-import multiprocessing.forkserver
 import socket
 from collections.abc import Callable
-from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
 from queue_server.production.backend import WorkerPlace
+from queue_server.production.forkserver_start import forkserver_context
 
 log = logging.getLogger("queue_server.worker_process")
 
 # Stream states (a text provider's packer buffer) can be large; one line must fit.
 _LINE_LIMIT = 256 * 1024 * 1024
-_context: ForkServerContext | None = None
-
-
-def _forkserver() -> ForkServerContext:
-    global _context
-    if _context is None:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["queue_server.production.forkserver_preload"])
-        _context = ctx
-    return _context
-
-
-def start_forkserver() -> None:
-    """Start the forkserver now (it imports torch and the providers on its own, seconds of
-    CPU), so that this runs while the server binds and reads its journals, rather than
-    when the first worker is asked for. Blocks only for the spawn."""
-    _forkserver()
-    multiprocessing.forkserver.ensure_running()
 
 
 def _run_worker(sock: socket.socket, cwd: str) -> None:
@@ -111,7 +92,7 @@ class WorkerProcess:
 
     async def start(self) -> dict[str, Any]:
         parent, child = socket.socketpair()
-        proc = _forkserver().Process(
+        proc = forkserver_context().Process(
             target=_run_worker, args=(child, str(self._cwd)), name=self.label, daemon=True
         )
         starting = asyncio.ensure_future(asyncio.to_thread(_start_then_close, proc, child))

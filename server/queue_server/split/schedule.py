@@ -211,9 +211,10 @@ class Schedule:
         seen = set(self.last_acquired) | set(held)
         return sorted(seen) or [0]
 
-    def lowest_needed(self, held: Mapping[int, int]) -> int:
-        """The lowest seq any active rank still needs: every rank is past the seqs below."""
-        return min(self.frontier(r, held) for r in self.active_ranks(held))
+    def lowest_unread(self, held: Mapping[int, int]) -> int:
+        """The lowest seq any active rank may still read: every rank is past the seqs below.
+        A seq a rank asked for and still waits on counts (its frontier is past it)."""
+        return min(self.first_unread(r, held) for r in self.active_ranks(held))
 
     def ahead_of_requests(self, held: Mapping[int, int]) -> Iterator[range]:
         """Per rank that asked: its seqs after its latest request, to the end of its window.
