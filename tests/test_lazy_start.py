@@ -69,6 +69,40 @@ def test_the_server_is_serving_before_its_workers_have_started(start_server, tmp
         assert x.shape == (2, 4) and bool((y == x + 1).all())
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="a FIFO")
+def test_a_slot_makes_its_first_file_while_another_worker_still_starts(
+    start_server, tmp_path
+) -> None:
+    """Two train workers, each held at its last start step by a gate of its own. Once the
+    first starts, its slot makes files while the second still waits, and a trainer reads
+    them. (Before, no slot made a file until every worker had started: a first batch waited
+    for the slowest worker's start.)"""
+    gate = tmp_path / "gate"
+    for worker in (0, 1):
+        os.mkfifo(f"{gate}.{worker}")
+    config = textwrap.dedent(
+        f"""
+        [datasets.gated]
+        provider = "bq_start_providers:GatedStartProvider"
+        batch_size = 2
+        batches_per_file = 2
+        workers = 2
+        [datasets.gated.args]
+        gate = "{gate}"
+        per_worker = true
+        """
+    )
+    server = start_server(config, timeout_s=120)
+    wait_until(lambda: _open_gate(Path(f"{gate}.0")), 60, "train worker 0 waiting on its gate")
+    server.wait_ready_files("gated", 1, timeout_s=60)  # slot 0's seq 0, slot 1 still shut
+    with QueueClient(server.address, "gated") as client:
+        first, _ = client.get_batch("train")
+        assert first.shape == (2, 4)
+        wait_until(lambda: _open_gate(Path(f"{gate}.1")), 60, "train worker 1 on its gate")
+        for _ in range(3):  # the rest of seq 0, then seq 1: slot 1's, once it has started
+            client.get_batch("train")
+
+
 def test_a_split_nobody_reads_starts_no_worker_and_makes_no_file(
     start_server, corpus: Path
 ) -> None:
