@@ -34,6 +34,7 @@ def dataset_toml(
     batches_per_file: int = 100,
     backlog: int = 2,
     workers: int = 1,
+    worker_priority: str = "normal",
 ) -> str:
     """A char_lm dataset over `text`: B random windows of T tokens per batch, as nanoGPT draws."""
     return (
@@ -43,7 +44,8 @@ def dataset_toml(
         f"batches_per_file = {batches_per_file}\n"
         f"max_backlog_files = {backlog}\n"
         f"workers = {workers}\n"
-        f"[datasets.{name}.args]\n"
+        + (f'worker_priority = "{worker_priority}"\n' if worker_priority != "normal" else "")
+        + f"[datasets.{name}.args]\n"
         f"input = {json.dumps(str(text))}\n"
         f"block_size = {block_size}\n"
     )

@@ -52,6 +52,10 @@ def _dataset(b: int, t: int, copy: bool) -> str:
     return f"steady_b{b}_t{t}{'_copy' if copy else ''}"
 
 
+# The goal shape's tight loop again, on a dataset whose workers run at worker_priority "idle".
+IDLE = "steady_idle"
+
+
 def batches_per_file(settings: Settings) -> int:
     return settings.pick(100, 8)
 
@@ -71,6 +75,19 @@ def servers(settings: Settings, tokens: Tokens) -> list[ServerSpec]:
         for b, t in _shapes(settings)
         for copy in (False, True)
     ]
+    b, t = SHAPES[0]
+    datasets.append(
+        dataset_toml(
+            IDLE,
+            text=tokens.text_path,
+            batch_size=b,
+            block_size=t,
+            batches_per_file=nb,
+            backlog=settings.pick(AMORTISED_FILES, 2) + 1,
+            workers=AMORTISED_WORKERS,
+            worker_priority="idle",
+        )
+    )
     return [ServerSpec("steady", tuple(datasets))]
 
 
@@ -107,7 +124,46 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
     results: list[Result] = []
     for (b, t), loader in loaders.items():
         results += _measure_shape(settings, tokens, server, b, t, loader)
-    return results
+    return results + _idle_rows(settings, server)
+
+
+def _idle_rows(settings: Settings, server: Server) -> list[Result]:
+    """1d and 1e's loop on the same windows, its provider workers at worker_priority "idle"
+    (SCHED_IDLE): they run on cores the trainer leaves free."""
+    from queue_client import QueueClient
+
+    (b, t), nb, files = SHAPES[0], batches_per_file(settings), settings.pick(AMORTISED_FILES, 2)
+    with QueueClient(server.address, IDLE, rank=0, world_size=1) as client:
+        walker = FileWalker(client, "train", nb, server, IDLE, files + 1)
+        walker.open_next()
+        walker.finish_file()
+        walker.settle()  # a full backlog, as for 1c-1e
+        loop = tight_loop(client, "train", files * nb)
+    shape = f"B={b} T={t}"
+    where = 'workers at worker_priority = "idle"'
+    return [
+        Result(
+            "1",
+            f"get_batch {shape}, wait at a file switch, max, {where}",
+            loop["switch_max_us"] / 1e3,
+            "ms",
+            goal=f"<= {SWITCH_MAX_GOAL_MS:g} ms",
+            met=loop["switch_max_us"] / 1e3 <= SWITCH_MAX_GOAL_MS,
+            note=f"1d's loop; mean {fmt(loop['switch_mean_us'])} µs over {loop['switches']} "
+            f"switches; {fmt(loop['per_call_us'])} µs per call amortised; the slowest call of "
+            f"all: {fmt(loop['max_us'])} µs",
+        ),
+        Result(
+            "1",
+            f"get_batch {shape}, wait of any call, p99, {where}",
+            loop["p99_us"] / 1e3,
+            "ms",
+            goal=f"<= {SWITCH_P99_GOAL_MS:g} ms",
+            met=loop["p99_us"] / 1e3 <= SWITCH_P99_GOAL_MS,
+            note=f"1e's loop; p99 of the file switches alone: {fmt(loop['switch_p99_us'])} µs"
+            + _core_bound_note(loop),
+        ),
+    ]
 
 
 def _measure_shape(

@@ -413,6 +413,7 @@ def test_fingerprint_changes_with_what_data_depends_on(change: dict) -> None:
         {"mode": "best_effort"},
         {"max_lead": 1},
         {"max_worker_restarts": 0},
+        {"worker_priority": "idle"},
         {"args": {"block_size": 8}},
     ],
 )

@@ -33,6 +33,7 @@ def worker(rt: DatasetRuntime, split: str, index: int, histogram_field: str = ""
             "config_fingerprint": rt.config.fingerprint(),
         },
         "histogram_field": histogram_field,
+        "priority": rt.config.worker_priority,
     }
     fingerprint = rt.meta.get("inputs_fingerprint")
     if rt.input_records and isinstance(fingerprint, str):

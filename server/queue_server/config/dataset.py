@@ -22,6 +22,7 @@ MAX_CANDIDATE_OVERSAMPLE = 1_000.0
 MAX_COMPOSER_WORKERS = 64
 
 BACKENDS = ("local", "ray")
+WORKER_PRIORITIES = ("normal", "idle")
 _RAY_LABEL = re.compile(r"node:([A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?)=([A-Za-z0-9._-]*)")
 
 
@@ -181,6 +182,9 @@ class DatasetConfig:
     # selection = "curriculum": how served batches are picked; set by the curriculum_* keys
     # (and candidate_*, starting_estimation_token_count) of the dataset's table.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig())
+    # "idle": provider workers (and a curriculum's composers) run in Linux's SCHED_IDLE
+    # class, on cores the trainer leaves free (production/priority.py); "normal" is the default.
+    worker_priority: str = "normal"
     # Where the providers run: "local" worker processes, or "ray" actors on a Ray cluster.
     backend: str = "local"
     # backend = "ray": the cluster to join (HOST:PORT of its head, as `ray start --head`
@@ -217,6 +221,12 @@ class DatasetConfig:
             value = getattr(self, key)
             check(is_int(value) and value >= 0, f"{where}.{key}", value, "an integer >= 0")
         check(self.mode in MODES, f"{where}.mode", self.mode, f"one of {MODES}")
+        check(
+            self.worker_priority in WORKER_PRIORITIES,
+            f"{where}.worker_priority",
+            self.worker_priority,
+            f"one of {WORKER_PRIORITIES}",
+        )
         check(isinstance(self.args, dict), f"{where}.args", self.args, "a table")
         self._check_split_workers(where)
         self._check_split_table(where, "split_max_backlog_files")

@@ -71,7 +71,7 @@ class ComposerActor:
                     "paths on every node"
                 )
             os.chdir(self._cwd)  # relative paths in provider args are relative to the config
-            self._session = WorkerSession()
+            self._session = WorkerSession(whole_process=False)
         return self._session
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from queue_client.batchfile import EncodedBatchFile
 from queue_client.meta import meta_from_json
 from queue_providers import DataProviderBase
+from queue_server.production.priority import apply_worker_priority
 from queue_server.production.provider_init import (
     build_provider,
     check_own_inputs,
@@ -159,6 +160,7 @@ class ProviderActor:
                     f"{_node_id()}: provider inputs must be at the same paths on every node"
                 )
             os.chdir(self._cwd)  # relative paths in provider args are relative to the config
+            apply_worker_priority(self._init.get("priority", "normal"), this_thread_only=True)
             provider = build_provider(self._init)
             provider.on_start()
             check_own_inputs(provider, self._init)

@@ -49,6 +49,7 @@ from queue_providers.inputs import check_inputs, describe_inputs
 from queue_server.logs import configure_logging
 from queue_server.mixture.epochs import record_epoch_starts
 from queue_server.production.preparation import Preparation, input_bytes
+from queue_server.production.priority import apply_worker_priority
 from queue_server.production.provider_init import (
     build_provider,
     check_own_inputs,
@@ -138,9 +139,11 @@ class WorkerSession:
     """What a worker holds between requests (its provider; the composer of a curriculum
     split) and the answer to each one. A worker process reads requests from its socket; a
     Ray composer actor (curriculum/composer_actor.py) gets them as calls: same ops, same
-    replies."""
+    replies. `whole_process`: worker_priority applies to every thread of the process (a
+    worker process's own), else to the calling one (a Ray actor's, beside Ray's threads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, whole_process: bool = True) -> None:
+        self.whole_process = whole_process
         self.provider: DataProviderBase | None = None
         self.host: Any = None  # the curriculum composer, in the one worker that composes
         self.root: Path | None = None
@@ -160,6 +163,9 @@ class WorkerSession:
         op = req.get("op")
         provider, root, dataset = self.provider, self.root, self.dataset
         if op == "init":
+            apply_worker_priority(  # before the provider loads
+                req.get("priority", "normal"), this_thread_only=not self.whole_process
+            )
             root, dataset = Path(req["data_root"]), req["dataset"]
             self.root, self.dataset = root, dataset
             self.first_worker = req.get("worker_index", 0) == 0
