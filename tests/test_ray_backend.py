@@ -108,6 +108,11 @@ async def wait_for(find: Callable[[], Any], what: str, timeout_s: float = 60.0) 
     return found
 
 
+def thread_policies(pid: int) -> set[int]:
+    """The scheduling policies of the threads of `pid` (a local cluster's actor process)."""
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
 def files_in(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
 
@@ -120,7 +125,10 @@ async def test_spread_actors_run_on_both_nodes_and_make_the_local_files(
     corpus = tiny_corpus(tmp_path / "corpus.txt")
     init = worker_init(tmp_path, "char_lm", {"input": corpus.name, "block_size": 16})
     meta_json = settled_meta(init)
-    backend = ray_backend(ray_cluster, tmp_path, init, meta_json, 2, "spread")
+    # worker_priority = "idle": the actor's method thread only, Ray's own threads as they were.
+    backend = ray_backend(
+        ray_cluster, tmp_path, {**init, "priority": "idle"}, meta_json, 2, "spread"
+    )
     try:
         assert await asyncio.gather(backend.start_slot(0, None), backend.start_slot(1, None)) == [
             False,
@@ -132,8 +140,11 @@ async def test_spread_actors_run_on_both_nodes_and_make_the_local_files(
             await backend.produce(0, ProduceJob("test", 9))  # the provider raises; slot lives
         made.append(await backend.produce(0, ProduceJob("train", 4)))
         stats = backend.stats()
+        policies = [thread_policies(place.pid) for place in backend.workers()]
     finally:
         await backend.close()
+    assert len(policies) == 2
+    assert all({os.SCHED_IDLE, os.SCHED_OTHER} <= found for found in policies), policies
     assert failed.value.kind == "MetaError"
     assert stats is not None
     assert {s["node_id"] for s in stats["slots"]} == ray_cluster.node_ids
