@@ -122,23 +122,33 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
         for _ in range(2 * DATALOADER_WORKERS + 2):
             next(it)
     results: list[Result] = []
+    idle: dict[str, Any] = {}
     for (b, t), loader in loaders.items():
-        results += _measure_shape(settings, tokens, server, b, t, loader)
-    return results + _idle_rows(settings, server)
+        results += _measure_shape(settings, tokens, server, b, t, loader, idle)
+    return results + _idle_rows(idle)
 
 
-def _idle_rows(settings: Settings, server: Server) -> list[Result]:
+def _idle_loop(settings: Settings, server: Server) -> dict[str, Any]:
     """1d and 1e's loop on the same windows, its provider workers at worker_priority "idle"
-    (SCHED_IDLE): they run on cores the trainer leaves free."""
+    (SCHED_IDLE): they run on cores the trainer leaves free. Run while every other dataset
+    of the server idles with a full backlog, and left with its own backlog full again."""
     from queue_client import QueueClient
 
-    (b, t), nb, files = SHAPES[0], batches_per_file(settings), settings.pick(AMORTISED_FILES, 2)
+    nb, files = batches_per_file(settings), settings.pick(AMORTISED_FILES, 2)
     with QueueClient(server.address, IDLE, rank=0, world_size=1) as client:
         walker = FileWalker(client, "train", nb, server, IDLE, files + 1)
         walker.open_next()
         walker.finish_file()
         walker.settle()  # a full backlog, as for 1c-1e
         loop = tight_loop(client, "train", files * nb)
+        walker.settle()  # (the loop read whole files) its refill done before 1c-1e's loop
+    return loop
+
+
+def _idle_rows(loop: dict[str, Any]) -> list[Result]:
+    if not loop:
+        return []
+    b, t = SHAPES[0]
     shape = f"B={b} T={t}"
     where = 'workers at worker_priority = "idle"'
     return [
@@ -167,7 +177,13 @@ def _idle_rows(settings: Settings, server: Server) -> list[Result]:
 
 
 def _measure_shape(
-    settings: Settings, tokens: Tokens, server: Server, b: int, t: int, loader: Iterator
+    settings: Settings,
+    tokens: Tokens,
+    server: Server,
+    b: int,
+    t: int,
+    loader: Iterator,
+    idle: dict[str, Any],
 ) -> list[Result]:
     from queue_client import QueueClient
 
@@ -224,6 +240,9 @@ def _measure_shape(
                 unit()
         w0.finish_file()
         w0.settle()  # a full backlog: `files` files ready, and the next one prefetched
+        if (b, t) == SHAPES[0]:
+            idle.update(_idle_loop(settings, server))
+            w0.settle()
         loop = tight_loop(zero, "train", files * nb)
     finally:
         zero.close()

@@ -22,6 +22,12 @@ def _exit_when_orphaned(parent: int, imported: threading.Event) -> None:
             os._exit(0)
 
 
+# A worker is one thread of work (worker_main sets torch's threads to 1: parallelism comes
+# from worker processes). numpy's OpenBLAS reads its thread count when it loads, in the
+# preload below, and would otherwise start a thread per core for a matrix-vector product
+# (a curriculum composer's bounds). A count the environment sets is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 _imported = threading.Event()
 _watcher = threading.Thread(
     target=_exit_when_orphaned,
