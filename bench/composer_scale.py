@@ -4,9 +4,9 @@ Candidate files of Zipf-distributed ids (vocabulary 50,257, B x T tokens per bat
 written to the work dir with their histograms, as a provider writes them.
 
 - 8d, 8e: one composer in this process composes served files from a buffer of `capacity`
-  batches at alpha 1.0 and 0.0. Timed in CPU seconds of this process (torch on one thread,
-  numpy's BLAS unused), so the figure is tokens per second per core whatever else runs on the
-  machine; the first file (which also fills the buffer) is left out. The goal: twice the
+  batches at alpha 1.0 and 0.0. Timed in CPU seconds of this process (torch and numpy's
+  OpenBLAS on one thread, as in a worker), so the figure is tokens per second per core
+  whatever else runs on the machine; the first file (which also fills the buffer) is left out. The goal: twice the
   0.93 M tokens/s per core the composer made before its scoring was vectorised.
 - 8f: the same files composed by two composer processes sharing the buffer (as
   `composer_workers = 2` runs them: every pick is the best of their proposals) against one
