@@ -43,6 +43,23 @@ def _open_gate(gate: Path) -> bool:
     return True
 
 
+def _gated(gate: Path, workers: int = 1, per_worker: bool = False) -> str:
+    """A dataset whose workers wait at their last start step for the test's FIFO `gate`
+    (each worker for `gate`.N of its own with per_worker)."""
+    return textwrap.dedent(
+        f"""
+        [datasets.gated]
+        provider = "bq_start_providers:GatedStartProvider"
+        batch_size = 2
+        batches_per_file = 2
+        workers = {workers}
+        [datasets.gated.args]
+        gate = "{gate}"
+        per_worker = {str(per_worker).lower()}
+        """
+    )
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="a FIFO")
 def test_the_server_is_serving_before_its_workers_have_started(start_server, tmp_path) -> None:
     """The worker's last start step waits on a gate the test holds closed: the health service
@@ -50,17 +67,7 @@ def test_the_server_is_serving_before_its_workers_have_started(start_server, tmp
     the gate opens. (Before, SERVING waited for every worker: wait_serving timed out.)"""
     gate = tmp_path / "gate"
     os.mkfifo(gate)
-    config = textwrap.dedent(
-        f"""
-        [datasets.gated]
-        provider = "bq_start_providers:GatedStartProvider"
-        batch_size = 2
-        batches_per_file = 2
-        [datasets.gated.args]
-        gate = "{gate}"
-        """
-    )
-    server = start_server(config, timeout_s=120)  # SERVING, the gate still shut
+    server = start_server(_gated(gate), timeout_s=120)  # SERVING, the gate still shut
     assert server.split_stats("gated", "train")["ready_files"] == 0
     assert "started on its first lease" in server.log()  # val: no worker yet
     wait_until(lambda: _open_gate(gate), 60, "the train worker waiting on its gate")
@@ -80,19 +87,7 @@ def test_a_slot_makes_its_first_file_while_another_worker_still_starts(
     gate = tmp_path / "gate"
     for worker in (0, 1):
         os.mkfifo(f"{gate}.{worker}")
-    config = textwrap.dedent(
-        f"""
-        [datasets.gated]
-        provider = "bq_start_providers:GatedStartProvider"
-        batch_size = 2
-        batches_per_file = 2
-        workers = 2
-        [datasets.gated.args]
-        gate = "{gate}"
-        per_worker = true
-        """
-    )
-    server = start_server(config, timeout_s=120)
+    server = start_server(_gated(gate, workers=2, per_worker=True), timeout_s=120)
     wait_until(lambda: _open_gate(Path(f"{gate}.0")), 60, "train worker 0 waiting on its gate")
     server.wait_ready_files("gated", 1, timeout_s=60)  # slot 0's seq 0, slot 1 still shut
     with QueueClient(server.address, "gated") as client:
