@@ -262,7 +262,7 @@ def test_a_server_process_starts_the_workers_forkserver_before_it_imports_grpc(
     script = textwrap.dedent(
         f"""
         import runpy, sys
-        import queue_server.production.worker_process as workers
+        import queue_server.production.forkserver_start as workers
         seen = []
         workers.start_forkserver = lambda: seen.append("grpc" in sys.modules)
         sys.argv = ["server", *{argv!r}]

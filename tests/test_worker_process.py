@@ -64,7 +64,7 @@ def test_a_cancelled_worker_start_leaves_the_forkserver_serving(tmp_path: Path) 
 STARTER = textwrap.dedent(
     """
     import time
-    from queue_server.production.worker_process import start_forkserver
+    from queue_server.production.forkserver_start import start_forkserver
 
     start_forkserver()
     print("started", flush=True)
