@@ -13,6 +13,7 @@ from queue_client.errors import ConfigError, InvalidRequest
 from queue_client.layout import check_dataset_name, check_split_name
 from queue_server.config.checks import check, in_range, is_int, is_number
 from queue_server.mixture.config import MIXTURE_KEYS, take_mixture
+from queue_server.production.priority import PRIORITIES
 
 MODES = ("deterministic", "best_effort")
 SELECTIONS = ("fifo", "curriculum")
@@ -22,7 +23,6 @@ MAX_CANDIDATE_OVERSAMPLE = 1_000.0
 MAX_COMPOSER_WORKERS = 64
 
 BACKENDS = ("local", "ray")
-WORKER_PRIORITIES = ("normal", "idle")
 _RAY_LABEL = re.compile(r"node:([A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?)=([A-Za-z0-9._-]*)")
 
 
@@ -222,10 +222,10 @@ class DatasetConfig:
             check(is_int(value) and value >= 0, f"{where}.{key}", value, "an integer >= 0")
         check(self.mode in MODES, f"{where}.mode", self.mode, f"one of {MODES}")
         check(
-            self.worker_priority in WORKER_PRIORITIES,
+            self.worker_priority in PRIORITIES,
             f"{where}.worker_priority",
             self.worker_priority,
-            f"one of {WORKER_PRIORITIES}",
+            f"one of {PRIORITIES}",
         )
         check(isinstance(self.args, dict), f"{where}.args", self.args, "a table")
         self._check_split_workers(where)
