@@ -121,25 +121,27 @@ def _cmdline(pid: int) -> bytes:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no thread on one core")
-@pytest.mark.parametrize(("env", "blas_threads"), [(None, 1), ("2", 2)])
-def test_the_preload_loads_openblas_with_one_thread_unless_told(
-    env: str | None, blas_threads: int
-) -> None:
+def test_the_preload_loads_openblas_with_one_thread_unless_told() -> None:
     """A worker is one thread of work: numpy's OpenBLAS, loaded by the forkserver's preload,
     starts no thread of its own (it started one per core, for a composer's matrix-vector
-    product); an OPENBLAS_NUM_THREADS the environment sets is kept."""
-    code = (
-        "import os, queue_server.production.forkserver_preload\n"
-        "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))\n"
-    )
-    environ = subprocess_env()
-    environ.pop("OPENBLAS_NUM_THREADS", None)
-    if env is not None:
-        environ["OPENBLAS_NUM_THREADS"] = env
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    setting, threads = done.stdout.split()
-    assert setting == str(blas_threads)
-    assert int(threads) == blas_threads  # the main thread and OpenBLAS's extra ones
+    product); an OPENBLAS_NUM_THREADS the environment sets is kept, and starts its threads."""
+
+    def preload(blas_threads: str | None) -> tuple[str, int]:
+        code = (
+            "import os, queue_server.production.forkserver_preload\n"
+            "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))\n"
+        )
+        environ = subprocess_env()
+        environ.pop("OPENBLAS_NUM_THREADS", None)
+        if blas_threads is not None:
+            environ["OPENBLAS_NUM_THREADS"] = blas_threads
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        setting, threads = done.stdout.split()
+        return setting, int(threads)
+
+    (default, one), (kept, two) = preload(None), preload("2")
+    assert (default, kept) == ("1", "2")
+    assert two == one + 1  # the one extra thread OpenBLAS starts when told 2
