@@ -23,7 +23,8 @@ run: setup
 # since each test starts servers with worker processes of their own; TEST_WORKERS=0 for one
 # process). A test waits on its servers more than it computes (the suite keeps about one core
 # of two busy at -n 2), so one more process than cores finished sooner: 7 min 46 s against
-# 9 min 48 s on 2 cores, measured before test servers forked their forkservers warm. The Ray tests share one of them and one cluster.
+# 9 min 48 s on 2 cores, measured before test servers forked their forkservers warm. The Ray
+# tests share one of them and one cluster.
 TEST_WORKERS ?= $(shell python3 -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
