@@ -18,6 +18,8 @@ it), from a full backlog: the zero-copy datasets run AMORTISED_WORKERS provider 
 keep AMORTISED_FILES files ready, so the loop measures the client, file switches included,
 not the provider (row 5 is the provider's rate). 1c's goal is 3x nanoGPT; the same loop gives
 the worst wait at a file switch (goal: at most 2 ms) and the p99 wait of any call (0.1 ms).
+The goal shape's loop runs twice more: with provider workers at worker_priority "idle", and
+with no loader at all (bare_loop.py), the floor those waits read against.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 
 from bench import baselines
+from bench.bare_loop import BareWindows
 from bench.data import Tokens
 from bench.harness import Result, Settings, fmt, median, percentile
 from bench.servers import Server, ServerSpec, dataset_toml
@@ -122,10 +125,11 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
         for _ in range(2 * DATALOADER_WORKERS + 2):
             next(it)
     results: list[Result] = []
-    idle: dict[str, Any] = {}
+    # The goal shape's loop again: with "idle" workers, and with no loader at all.
+    loops: dict[str, dict[str, Any]] = {}
     for (b, t), loader in loaders.items():
-        results += _measure_shape(settings, tokens, server, b, t, loader, idle)
-    return results + _idle_rows(idle)
+        results += _measure_shape(settings, tokens, server, b, t, loader, loops)
+    return results + _idle_rows(loops.get("idle", {})) + _bare_rows(loops.get("bare", {}))
 
 
 def _idle_loop(settings: Settings, server: Server) -> dict[str, Any]:
@@ -158,6 +162,34 @@ def _idle_rows(loop: dict[str, Any]) -> list[Result]:
         f"switches; {fmt(loop['per_call_us'])} µs per call amortised; the slowest call of all: "
         f"{fmt(loop['max_us'])} µs",
     )
+
+
+def _bare_loop(settings: Settings, tokens: Tokens) -> dict[str, Any]:
+    """1d and 1e's loop on rows of the same windows held in memory, with no loader."""
+    b, t = SHAPES[0]
+    files = settings.pick(AMORTISED_FILES, 2)
+    bare = BareWindows(tokens.train_bin, b, t, batches_per_file(settings), files)
+    return tight_loop(bare, "train", files * batches_per_file(settings))
+
+
+def _bare_rows(loop: dict[str, Any]) -> list[Result]:
+    if not loop:
+        return []
+    b, t = SHAPES[0]
+    slow = loop["slow_calls"].get("calls")
+    over = f"; {slow} calls over {SWITCH_P99_GOAL_MS * 1e3:g} µs" if slow is not None else ""
+    return [
+        Result(
+            "1",
+            f"get_batch B={b} T={t}, wait of any call, p99, the same loop with no loader "
+            "(rows sliced and widened in memory)",
+            loop["p99_us"] / 1e3,
+            "ms",
+            goal="info",
+            note=f"the floor of 1e and 1l on this machine, run between them; "
+            f"{fmt(loop['per_call_us'])} µs per call{over}",
+        )
+    ]
 
 
 def _wait_rows(
@@ -195,7 +227,7 @@ def _measure_shape(
     b: int,
     t: int,
     loader: Iterator,
-    idle: dict[str, Any],
+    loops: dict[str, dict[str, Any]],
 ) -> list[Result]:
     from queue_client import QueueClient
 
@@ -253,7 +285,8 @@ def _measure_shape(
         w0.finish_file()
         w0.settle()  # a full backlog: `files` files ready, and the next one prefetched
         if (b, t) == SHAPES[0]:
-            idle.update(_idle_loop(settings, server))
+            loops["idle"] = _idle_loop(settings, server)
+            loops["bare"] = _bare_loop(settings, tokens)
             w0.settle()
         loop = tight_loop(zero, "train", files * nb)
     finally:
