@@ -1,10 +1,11 @@
 """Row 4: the lease RPCs beside a bare unary echo (the Ping RPC) on the same server.
 
-A file boundary costs the client one AcquireLease and one ReleaseLease, so each sample is
+A file boundary cost the client one AcquireLease and one ReleaseLease, so each sample is
 that pair, timed beside a pair of Pings: the same two round trips with no queue logic. Both
 go through the client's own Rpc wrapper on one channel, in interleaved chunks. The lease is
 for a file already on disk and is released RETURNED, so the same file is leased again and
-nothing waits on the provider.
+nothing waits on the provider. The last rows time what a boundary costs now: one
+AcquireLease carrying the release of the lease before it, beside one Ping.
 
 Servers: TCP loopback and a unix socket, each on uvloop and on asyncio's default loop.
 """
@@ -12,6 +13,7 @@ Servers: TCP loopback and a unix socket, each on uvloop and on asyncio's default
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from bench.data import Tokens
 from bench.harness import Result, Settings, percentile
@@ -60,8 +62,9 @@ class _Probe:
         )
         self.ping_req = pb.PingRequest(payload=_PAYLOAD)
         self.samples: dict[str, list[float]] = {
-            k: [] for k in ("ping", "ping_pair", "acquire", "release", "lease_pair")
+            k: [] for k in ("ping", "ping_pair", "acquire", "release", "lease_pair", "carried")
         }
+        self.held: object | None = None  # the lease the next carried sample releases
 
     def pings(self, n: int, record: bool = True) -> None:
         call, req, now = self.rpc.call, self.ping_req, time.perf_counter_ns
@@ -93,6 +96,30 @@ class _Probe:
                 self.samples["release"].append((t2 - t1) / 1e3)
                 self.samples["lease_pair"].append((t2 - t0) / 1e3)
 
+    def carried(self, n: int, record: bool = True) -> None:
+        """AcquireLease carrying the release (RETURNED) of the lease it took before."""
+        pb, call, now = self.pb, self.rpc.call, time.perf_counter_ns
+        for _ in range(n):
+            request = pb.AcquireLeaseRequest()
+            request.CopyFrom(self.acquire_req)
+            if self.held is not None:
+                request.releases.append(self._returned(self.held))
+            t0 = now()
+            self.held = call("AcquireLease", request, timeout_s=60)
+            t1 = now()
+            if record:
+                self.samples["carried"].append((t1 - t0) / 1e3)
+
+    def _returned(self, lease: Any) -> Any:
+        return self.pb.ReleaseLeaseRequest(
+            lease_id=lease.lease_id, client_id="bench-rpc", outcome=self.pb.RETURNED
+        )
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.rpc.call("ReleaseLease", self._returned(self.held))
+        self.rpc.close()
+
 
 def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Result]:
     combos = _combos(settings)
@@ -101,18 +128,16 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
         for p in probes.values():  # connect, and lease once: waits for the first file
             p.leases(settings.pick(20, 2), record=False)
             p.pings(settings.pick(50, 2), record=False)
+            p.carried(settings.pick(20, 2), record=False)
         rounds, chunk = settings.pick((20, 50), (2, 5))
         for r in range(rounds):
             for p in probes.values():
-                if r % 2:
-                    p.pings(chunk)
-                    p.leases(chunk)
-                else:
-                    p.leases(chunk)
-                    p.pings(chunk)
+                units = [p.pings, p.leases, p.carried]
+                for unit in units[r % 3 :] + units[: r % 3]:
+                    unit(chunk)
     finally:
         for p in probes.values():
-            p.rpc.close()
+            p.close()
     results = []
     for (transport, loop), p in probes.items():
         s = p.samples
@@ -149,6 +174,27 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
                 "x echo",
                 "info",
                 None,
+            )
+        )
+    for (transport, loop), p in probes.items():  # after the rows above, whose ids stay
+        s = p.samples
+        carried50, ping50 = percentile(s["carried"], 50), percentile(s["ping"], 50)
+        where = f"{'TCP loopback' if transport == 'tcp' else 'unix socket'}, server on {loop}"
+        results.append(
+            Result(
+                "4",
+                f"acquire carrying the last release p50, {where}",
+                carried50,
+                "µs",
+                "1 Ping p50",
+                ping50,
+                "µs",
+                carried50 / ping50,
+                "x echo",
+                "info",
+                None,
+                f"one call per file boundary, against {percentile(s['lease_pair'], 50):.0f} µs "
+                f"for acquire+release (p99 {percentile(s['carried'], 99):.0f} µs)",
             )
         )
     return results

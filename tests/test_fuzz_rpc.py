@@ -353,7 +353,8 @@ def bad(**fields: object) -> dict:
 @example(fields=bad(split="../../etc"))
 def test_acquire_lease_fields(fuzz_server: ServerProcess, fields: dict) -> None:
     """AcquireLease with any field values: the code the input earns; a lease granted to a
-    valid request names a file under the data root, and releasing it succeeds once."""
+    valid request names a file under the data root, and releasing it succeeds (again for
+    its client, which changes nothing; not for any other)."""
     rank, ws, seq, client_id = (
         fields["rank"],
         fields["world_size"] or 1,
@@ -375,8 +376,11 @@ def test_acquire_lease_fields(fuzz_server: ServerProcess, fields: dict) -> None:
         assert path.is_relative_to(fuzz_server.data_root.resolve()) and path.is_file()
         assert reply.seq % ws == rank or fields["carried"]
         assert release(fuzz_server, reply.lease_id, client_id)[0] == Code.OK
-        # A second release of the same lease: it is gone.
-        assert release(fuzz_server, reply.lease_id, client_id)[0] == Code.NOT_FOUND
+        # A second release of the same lease by its client is answered as done; by another
+        # client: it is not held.
+        assert release(fuzz_server, reply.lease_id, client_id)[0] == Code.OK
+        other = "another client" if client_id != "another client" else "a third client"
+        assert release(fuzz_server, reply.lease_id, other)[0] == Code.NOT_FOUND
     assert fuzz_server.health() == SERVING
 
 
@@ -413,7 +417,8 @@ def test_a_held_lease_resists_other_clients_and_bad_outcomes(
     fuzz_server: ServerProcess, thief: str, outcome: int, reason: str
 ) -> None:
     """A real lease: another client cannot release it (the file stays), an unknown outcome is
-    INVALID_ARGUMENT and leaves it held, the owner's release works once, then NOT_FOUND."""
+    INVALID_ARGUMENT and leaves it held, the owner's release works (again: answered as done,
+    changing nothing), and the thief's then finds nothing held."""
     owner = "owner"
     assume(thief != owner)
     lease = take(fuzz_server, owner)
@@ -438,7 +443,9 @@ def test_a_held_lease_resists_other_clients_and_bad_outcomes(
     assert first == (Code.OK if valid else Code.INVALID_ARGUMENT)
     if not valid:
         assert release(fuzz_server, lease.lease_id, owner, pb.RETURNED)[0] == Code.OK
-    assert release(fuzz_server, lease.lease_id, owner, pb.RETURNED)[0] == Code.NOT_FOUND
+    assert release(fuzz_server, lease.lease_id, owner, pb.RETURNED)[0] == Code.OK
+    if len(thief) <= 128:
+        assert release(fuzz_server, lease.lease_id, thief, pb.RETURNED)[0] == Code.NOT_FOUND
 
 
 @FUZZ

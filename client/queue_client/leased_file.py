@@ -4,14 +4,14 @@ lost file gets."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from queue_client import errors
 from queue_client.batchfile import load_batch_bytes
 from queue_client.file_map import map_leased, prefault
 from queue_client.rows import LoadedFile
 from queue_client.storage import BatchCodec
-from queue_client.stream_api import LeaseRef, LeaseSource
+from queue_client.stream_api import Finished, LeaseRef, LeaseSource
 from queue_client.wire import batchqueue_pb2 as pb
 
 # Attempts at one seq whose file keeps failing to verify (or whose lease the server lost
@@ -26,12 +26,15 @@ def fetch_leased(
     carried: bool,
     deadline: float,
     open_file: Callable[[pb.Lease, LeaseRef], LoadedFile],
+    *,
+    finished: Sequence[Finished] = (),
 ) -> LoadedFile:
     """Lease `seq` (any file for None) and open it; a file that fails to verify is released as
-    corrupt (the server quarantines it and makes it again) and leased anew."""
+    corrupt (the server quarantines it and makes it again) and leased anew. The first lease
+    call carries the release of the `finished` files (LeaseSource.acquire)."""
     last: errors.BatchQueueError | None = None
-    for _attempt in range(CORRUPT_RETRIES):
-        lease = source.acquire(split, seq, deadline, carried)
+    for attempt in range(CORRUPT_RETRIES):
+        lease = source.acquire(split, seq, deadline, carried, finished=() if attempt else finished)
         ref = LeaseRef(lease.lease_id, source.dataset, split, lease.seq, carried)
         source.hold(ref)
         try:

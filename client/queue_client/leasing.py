@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 from queue_client import errors
 from queue_client.fetch import FileFetcher
 from queue_client.rpc import Rpc
-from queue_client.stream_api import LeaseRef
+from queue_client.stream_api import Finished, LeaseRef
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import World
 
@@ -19,6 +20,7 @@ log = logging.getLogger("queue_client")
 # own timeout, so a slow provider never trips the RPC deadline, and close() is never kept
 # waiting longer than one slice by a prefetch that cannot be served.
 _ACQUIRE_SLICE_S = 2.0
+CONSUMED = pb.CONSUMED
 
 
 class LeaseMixin:
@@ -36,6 +38,8 @@ class LeaseMixin:
     _lease_ttl_s: float
     _held: dict[int, LeaseRef]
     _held_lock: threading.Lock
+    # The server releases the leases an AcquireLease carries (its last lease said so).
+    carries_releases: bool = False
     _stop_renewing: threading.Event
     _renewer: threading.Thread | None
 
@@ -46,33 +50,74 @@ class LeaseMixin:
         deadline: float,
         carried: bool = False,
         reacquire: bool = False,
+        *,
+        finished: Sequence[Finished] = (),
     ) -> pb.Lease:
-        while True:
-            # A closing client leases nothing new; taking back a lease the server lost (it
-            # restarted) goes on, since that is how a closing client gives the file back.
-            if self._closing and not reacquire:
-                raise errors.InvalidRequest(f"the QueueClient for {self.dataset!r} was closed")
-            remaining = deadline - time.monotonic()
-            request = pb.AcquireLeaseRequest(
-                dataset=self.dataset,
-                split=split,
-                rank=self.world.rank,
-                world_size=self.world.world_size,
-                client_id=self.client_id,
-                wait_ms=int(max(1, min(remaining, _ACQUIRE_SLICE_S)) * 1000),
-                carried=carried,
-                reacquire=reacquire,
-            )
-            if seq is not None:
-                request.seq = seq
+        """Lease `seq` of `split` (the rank's next file for None), waiting for it until
+        `deadline`. `finished` are files read to their end: the call carries their releases
+        (one RPC for both) where the server takes them, and releases them itself otherwise,
+        also when the lease fails."""
+        riding = [
+            (f.ref, r)
+            for f in finished
+            if (r := self._release_request(f.ref, CONSUMED, "", f.waited_s)) is not None
+        ]
+        if riding and not self.carries_releases:
+            self._release_all(riding)
+            riding = []
+        try:
+            while True:
+                # A closing client leases nothing new; taking back a lease the server lost (it
+                # restarted) goes on, since that is how a closing client gives the file back.
+                if self._closing and not reacquire:
+                    raise errors.InvalidRequest(f"the QueueClient for {self.dataset!r} was closed")
+                remaining = deadline - time.monotonic()
+                request = pb.AcquireLeaseRequest(
+                    dataset=self.dataset,
+                    split=split,
+                    rank=self.world.rank,
+                    world_size=self.world.world_size,
+                    client_id=self.client_id,
+                    wait_ms=int(max(1, min(remaining, _ACQUIRE_SLICE_S)) * 1000),
+                    carried=carried,
+                    reacquire=reacquire,
+                    releases=[r for _, r in riding],
+                )
+                if seq is not None:
+                    request.seq = seq
+                try:
+                    lease = self._rpc.call("AcquireLease", request, timeout_s=_ACQUIRE_SLICE_S + 10)
+                except errors.NoBatchReady as exc:
+                    # Released or not by that call, the releases go out on their own now
+                    # (the server answers a second release of a lease as done): no release
+                    # waits for a file that is slow to come.
+                    self._release_all(riding)
+                    riding = []
+                    if time.monotonic() >= deadline:
+                        raise errors.NoBatchReady(
+                            f"no batch of {self.dataset}/{split} from {self.address} within {self.timeout_s:.0f}s "
+                            f"(rank {self.world.rank}/{self.world.world_size}): {exc}"
+                        ) from None
+                    continue
+                self.carries_releases = lease.carries_releases
+                done = set(lease.released)
+                self._release_all([(ref, r) for ref, r in riding if r.lease_id not in done])
+                riding = []
+                return lease
+        except BaseException:
+            self._release_all(riding)
+            raise
+
+    def _release_all(self, releases: Sequence[tuple[LeaseRef, pb.ReleaseLeaseRequest]]) -> None:
+        """Send releases one by one; a failure is logged, as a finished file's release is
+        (the lease then expires and the file is read again by the same rank)."""
+        for ref, request in releases:
             try:
-                return self._rpc.call("AcquireLease", request, timeout_s=_ACQUIRE_SLICE_S + 10)
-            except errors.NoBatchReady as exc:
-                if time.monotonic() >= deadline:
-                    raise errors.NoBatchReady(
-                        f"no batch of {self.dataset}/{split} from {self.address} within {self.timeout_s:.0f}s "
-                        f"(rank {self.world.rank}/{self.world.world_size}): {exc}"
-                    ) from None
+                self._send_release(ref, request)
+            except errors.BatchQueueError as exc:
+                log.warning(
+                    "releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc
+                )
 
     def files_ahead_allowed(self, split: str) -> int | None:
         """How many files this rank may hold beyond the one it reads before leasing the next
@@ -112,18 +157,29 @@ class LeaseMixin:
     def release(
         self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str = "", waited_s: float = 0.0
     ) -> None:
+        request = self._release_request(ref, outcome, reason, waited_s)
+        if request is not None:
+            self._send_release(ref, request)
+
+    def _release_request(
+        self, ref: LeaseRef, outcome: pb.ReleaseOutcome, reason: str, waited_s: float
+    ) -> pb.ReleaseLeaseRequest | None:
+        """Take `ref` off the held leases (no longer renewed): the request that releases it,
+        or None if it was released before."""
         with self._held_lock:
             self._held.pop(id(ref), None)
             if ref.released:
-                return
+                return None
             ref.released = True
-        request = pb.ReleaseLeaseRequest(
+        return pb.ReleaseLeaseRequest(
             lease_id=ref.lease_id,
             client_id=self.client_id,
             outcome=outcome,
             reason=reason,
             waited_s=waited_s,
         )
+
+    def _send_release(self, ref: LeaseRef, request: pb.ReleaseLeaseRequest) -> None:
         try:
             self._rpc.call("ReleaseLease", request)
         except errors.UnknownLease:

@@ -11,8 +11,8 @@ Leasing, crc32, loading and paging in all happen in the stream's background thre
 (lane.py), `prefetch_files` ahead (deeper for a trainer that reads files faster than they are
 fetched: readahead.py), and cost the file switch next to nothing: the prefetched file takes
 over with its first batch already widened (for zero-copy CPU batches of the size the trainer
-last took at a switch), and the release of the finished file and the fetch of the next are
-handed to those threads with one queue put each.
+last took at a switch), and the fetch of the next file is handed to those threads with one
+queue put, its lease call carrying the finished file's release (stream_release.py).
 
 With transport "grpc" the background thread streams the file instead of mapping it
 (fetch.py); the tensors then live in memory, and the hot path is the same.
@@ -37,18 +37,18 @@ from queue_client.resume import StreamPlan
 from queue_client.rows import LoadedFile, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
 from queue_client.storage import codec_for
-from queue_client.stream_api import LeaseRef, LeaseSource, StreamView
+from queue_client.stream_api import Finished, LeaseRef, LeaseSource, StreamView
+from queue_client.stream_release import StreamReleases
 from queue_client.transfer import Transfer
 from queue_client.wire import batchqueue_pb2 as pb
 
 log = logging.getLogger("queue_client")
 
-CONSUMED, RETURNED = pb.CONSUMED, pb.RETURNED
 # A stream's threads beyond its fetches in flight: releases in flight at once.
 _RELEASE_THREADS = 3
 
 
-class SplitStream:
+class SplitStream(StreamReleases):
     def __init__(
         self,
         source: LeaseSource,
@@ -201,31 +201,6 @@ class SplitStream:
             self.row += take
             at += take
 
-    def _rewind(
-        self, first: LoadedFile | None, first_row: int, read: list[tuple[LoadedFile, int]]
-    ) -> None:
-        """Undo a batch that failed to open a file, so its rows are read again on the next
-        call. _advance already put the file that failed, and those after it, back in line."""
-        cur = self.current
-        if cur is first:  # no file was opened: nothing was given up
-            self.row = first_row
-            return
-        if self._next_seq is None:  # best effort: any file serves; those rows are gone
-            log.warning(
-                "%s/%s: a batch failed after reading %d file(s); its rows are not served",
-                self.source.dataset, self.split, len(read),
-            )  # fmt: skip
-            return
-        read_ids = {id(f) for f, _ in read}
-        for f in self._finished:  # not handed to a release yet: unread, as the server knows
-            if id(f) in read_ids:
-                self.source.release(f.lease, RETURNED)
-        self._finished = [f for f in self._finished if id(f) not in read_ids]
-        if cur is not None:
-            self.source.release(cur.lease, RETURNED)
-        self.current, self.row = None, 0
-        self._plan.extendleft(reversed([(f.seq, row) for f, row in read]))
-
     # ---- file boundaries ------------------------------------------------------------------
     def _take(self) -> tuple[int | None, int, bool]:
         """The next file to read: (seq, first row, carried over from a plan?)."""
@@ -240,13 +215,16 @@ class SplitStream:
     def _submit(self) -> None:
         self._lane.put(self._fetch_job())
 
-    def _fetch_job(self) -> Callable[[], None]:
-        """Take the next file in line as pending; the lane job that fetches it."""
+    def _fetch_job(self, finished: list[LoadedFile] | None = None) -> Callable[[], None]:
+        """Take the next file in line as pending; the lane job that fetches it, carrying the
+        release of the `finished` files on its lease call."""
         self._lane.check_open()
         seq, offset, carried = self._take()
         job: Future[LoadedFile] = Future()
         self._pending.append((job, None if seq is None else (seq, offset)))
-        return partial(self._fetch_into, job, seq, offset, carried, self._clock(), self._size)
+        return partial(
+            self._fetch_into, job, seq, offset, carried, self._clock(), self._size, finished or []
+        )
 
     def _fetch_into(
         self,
@@ -256,12 +234,18 @@ class SplitStream:
         carried: bool,
         submitted: float,
         size: int,
+        finished: list[LoadedFile],
     ) -> None:
-        """A lane job: fetch a file into `job`, unless the stream gave it up first."""
+        """A lane job: fetch a file into `job`, unless the stream gave it up first, and
+        release the `finished` files either way (unmapped here, off the trainer's thread)."""
+        done = [Finished(f.lease, f.waited_s) for f in finished]
+        finished.clear()
         if not job.set_running_or_notify_cancel():
+            for f in done:
+                self._release_consumed(f)
             return
         try:
-            loaded = self._fetch(seq, start, carried, submitted)
+            loaded = self._fetch(seq, start, carried, submitted, done)
         except BaseException as exc:
             job.set_exception(exc)
             return
@@ -297,44 +281,36 @@ class SplitStream:
     def _after_switch(self) -> None:
         """Release the finished files and prefetch the next ones: after the batch that
         switched files is made, so the background threads this wakes take no GIL or core
-        from that call. All in one queue put (lane.py): fetches first."""
+        from that call. All in one queue put (lane.py): fetches first. Where the server
+        takes releases on a lease call, the first fetch carries the finished files' (one RPC
+        per file, not two); else each has a release job of its own."""
+        finished = list(self._finished)
+        carry = list(finished) if self.source.carries_releases else []
         jobs = []
         while len(self._pending) < self.read_ahead.depth:
-            jobs.append(self._fetch_job())
-        # The release job holds a finished file last, so it is unmapped off this thread:
+            jobs.append(self._fetch_job(carry))
+            carry = []
+        if not jobs or not self.source.carries_releases:
+            jobs.extend(partial(self._release_finished, old) for old in finished)
+        # The jobs hold the finished files last, so they are unmapped off this thread:
         # nothing here keeps one once the jobs are handed over.
-        jobs.extend(partial(self._release_finished, old) for old in self._finished)
+        finished.clear()
         self._finished.clear()
         self._lane.put_all(jobs)
         jobs.clear()
 
-    def _release_finished(self, old: LoadedFile) -> None:
-        """A lane job: release a file read to its end."""
-        ref = old.lease
-        try:
-            self.source.release(ref, CONSUMED, waited_s=old.waited_s)
-        except errors.BatchQueueError as exc:
-            log.warning("releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
-
-    def _give_back_pending(self, first: tuple[int, int] | None = None) -> None:
-        """Return every prefetched file unread and put them (after `first`) back in line."""
-        items = [first] if first is not None else []
-        while self._pending:
-            job, item = self._pending.popleft()
-            if item is not None:
-                items.append(item)
-            if job.cancel():
-                continue
-            try:
-                loaded = job.result(timeout=self.timeout_s)
-            except BaseException:
-                continue
-            self.source.release(loaded.lease, RETURNED)
-        self._plan.extendleft(reversed(items))
-
-    def _fetch(self, seq: int | None, start: int, carried: bool, submitted: float) -> LoadedFile:
+    def _fetch(
+        self,
+        seq: int | None,
+        start: int,
+        carried: bool,
+        submitted: float,
+        finished: list[Finished],
+    ) -> LoadedFile:
         deadline = self._clock() + self.timeout_s
-        loaded = fetch_leased(self.source, self.split, seq, carried, deadline, self._open)
+        loaded = fetch_leased(
+            self.source, self.split, seq, carried, deadline, self._open, finished=finished
+        )
         loaded.start = start
         self.read_ahead.fetched(self._clock() - submitted)
         return loaded
@@ -362,24 +338,6 @@ class SplitStream:
         file = None if cur is None else (cur.seq, cur.num_batches, cur.batch_size, cur.rows)
         done = [job.done() for job, _ in self._pending]
         return StreamView.of(self.split, file, self.row, done, self.read_ahead.depth)
-
-    def close(self) -> None:
-        """Give back what this stream holds: a finished file as consumed, the rest unread.
-        The releases already handed to the background are done when this returns. A
-        server that cannot be reached ends the giving back at its first failed call (which
-        raises), and the stream's threads end all the same."""
-        try:
-            self._give_back_pending()
-            self._lane.close()
-            finished, self._finished = self._finished, []
-            for old in finished:
-                self.source.release(old.lease, CONSUMED)
-            cur, self.current = self.current, None
-            if cur is not None:
-                self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
-        finally:
-            self._lane.close()  # idempotent
-            self._finished, self.current, self.row = [], None, 0
 
 
 def _copier(

@@ -3,6 +3,7 @@ it gives of where it stands (StreamView), and what it needs from the client (Lea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -20,6 +21,15 @@ class LeaseRef:
     seq: int
     carried: bool = False
     released: bool = False
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A file read to its end, to release as consumed: its lease, and how long get_batch
+    waited for the file (the server's wait histogram)."""
+
+    ref: LeaseRef
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -84,9 +94,16 @@ class LeaseSource(Protocol):
     file_batch_size: int  # the files' unit: rows per stored batch
     verify_checksums: bool
     transport: str  # "file" or "grpc"
+    carries_releases: bool  # the server releases the leases an AcquireLease carries
 
     def acquire(
-        self, split: str, seq: int | None, deadline: float, carried: bool = False
+        self,
+        split: str,
+        seq: int | None,
+        deadline: float,
+        carried: bool = False,
+        *,
+        finished: Sequence[Finished] = (),
     ) -> pb.Lease: ...  # pragma: no cover
     def hold(self, ref: LeaseRef) -> None: ...  # pragma: no cover
     def fetch_file(self, ref: LeaseRef, lease: pb.Lease) -> bytes: ...  # pragma: no cover

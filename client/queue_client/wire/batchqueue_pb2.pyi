@@ -338,7 +338,7 @@ class GetStatsResponse(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., state: _Optional[str] = ..., last_error: _Optional[str] = ..., splits: _Optional[_Iterable[_Union[SplitStats, _Mapping]]] = ...) -> None: ...
 
 class AcquireLeaseRequest(_message.Message):
-    __slots__ = ("dataset", "split", "rank", "world_size", "client_id", "seq", "wait_ms", "carried", "reacquire")
+    __slots__ = ("dataset", "split", "rank", "world_size", "client_id", "seq", "wait_ms", "carried", "reacquire", "releases")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -348,6 +348,7 @@ class AcquireLeaseRequest(_message.Message):
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     CARRIED_FIELD_NUMBER: _ClassVar[int]
     REACQUIRE_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     split: str
     rank: int
@@ -357,10 +358,11 @@ class AcquireLeaseRequest(_message.Message):
     wait_ms: int
     carried: bool
     reacquire: bool
-    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., wait_ms: _Optional[int] = ..., carried: _Optional[bool] = ..., reacquire: _Optional[bool] = ...) -> None: ...
+    releases: _containers.RepeatedCompositeFieldContainer[ReleaseLeaseRequest]
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., wait_ms: _Optional[int] = ..., carried: _Optional[bool] = ..., reacquire: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseLeaseRequest, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "dataset", "split", "seq", "path", "num_batches", "batch_size", "size_bytes", "crc32", "ttl_ms", "rank", "world_size")
+    __slots__ = ("lease_id", "dataset", "split", "seq", "path", "num_batches", "batch_size", "size_bytes", "crc32", "ttl_ms", "rank", "world_size", "released", "carries_releases")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
@@ -373,6 +375,8 @@ class Lease(_message.Message):
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    CARRIES_RELEASES_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     dataset: str
     split: str
@@ -385,7 +389,9 @@ class Lease(_message.Message):
     ttl_ms: int
     rank: int
     world_size: int
-    def __init__(self, lease_id: _Optional[str] = ..., dataset: _Optional[str] = ..., split: _Optional[str] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., num_batches: _Optional[int] = ..., batch_size: _Optional[int] = ..., size_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+    released: _containers.RepeatedScalarFieldContainer[str]
+    carries_releases: bool
+    def __init__(self, lease_id: _Optional[str] = ..., dataset: _Optional[str] = ..., split: _Optional[str] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., num_batches: _Optional[int] = ..., batch_size: _Optional[int] = ..., size_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., released: _Optional[_Iterable[str]] = ..., carries_releases: _Optional[bool] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
     __slots__ = ("lease_id", "client_id", "outcome", "reason", "waited_s")

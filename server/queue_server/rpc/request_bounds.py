@@ -13,7 +13,8 @@ system can hold:
 - wait_ms: ten minutes at most (the server caps its own wait at acquire_wait_s anyway);
 - waited_s: a finite duration in [0, one day] (it feeds the wait histogram);
 - alpha: a finite number in [0, 1];
-- lease_ids: at most MAX_LEASE_IDS in one RenewLeases call;
+- lease_ids: at most MAX_LEASE_IDS in one RenewLeases call; the releases an AcquireLease
+  carries: at most MAX_CARRIED_RELEASES, each of the request's own client_id;
 - every string field of every request (client_id, lease_id, each of lease_ids, dataset,
   split, each source name in SetMixture's weights): at most MAX_CHARS[field] characters,
   checked by check_strings for every RPC alike, refused naming the field and its length and
@@ -40,6 +41,8 @@ from queue_server.split.leases import MAX_ID_LENGTH
 
 MAX_WAIT_MS = 10 * 60 * 1000
 MAX_LEASE_IDS = 10_000
+# Releases one AcquireLease may carry: a reader finishes one file, or a few in a big batch.
+MAX_CARRIED_RELEASES = 16
 MAX_WAITED_S = 24 * 3600.0
 
 __all__ = [
@@ -120,13 +123,23 @@ def check_strings(request: Message) -> None:
 
 
 def check_acquire(request: pb.AcquireLeaseRequest) -> None:
-    """AcquireLease: wait_ms, world_size (0 means 1), rank, seq."""
+    """AcquireLease: wait_ms, world_size (0 means 1), rank, seq, and the releases it carries
+    (at most MAX_CARRIED_RELEASES, each the request's client's, each as ReleaseLease's)."""
     check_int("wait_ms", request.wait_ms, 0, MAX_WAIT_MS, " (0 means the server's default)")
     check_int("world_size", request.world_size, 0, MAX_WORLD_SIZE, " (0 means 1)")
     world_size = request.world_size or 1
     check_int("rank", request.rank, 0, world_size - 1, f" of world_size {world_size}")
     if request.HasField("seq"):
         check_int("seq", request.seq, 0, MAX_SEQ)
+    check_int("the number of releases", len(request.releases), 0, MAX_CARRIED_RELEASES)
+    for i, release in enumerate(request.releases):
+        check_strings(release)
+        if release.client_id != request.client_id:
+            raise InvalidRequest(
+                f"releases[{i}] is of another client_id than the request's: an AcquireLease "
+                "carries releases of its own client's leases only"
+            )
+        check_release(release)
 
 
 def check_release(request: pb.ReleaseLeaseRequest) -> None:

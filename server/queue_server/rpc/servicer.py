@@ -196,6 +196,8 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
     @_translate
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context: Any) -> pb.Lease:
         request_bounds.check_acquire(request)
+        # The releases it carries first: the files they free may be what this lease waits for.
+        released = [r.lease_id for r in request.releases if await self._release_carried(r)]
         wait_s = min(request.wait_ms / 1000, self._wait_s) if request.wait_ms else self._wait_s
         runtime = await self._dataset(request.dataset, wait_s)
         queue = self._queue(runtime, request.split)
@@ -223,27 +225,47 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             ttl_ms=self._ttl_ms,
             rank=lease.rank,
             world_size=lease.world_size,
+            released=released,
+            carries_releases=True,
         )
+
+    async def _release_carried(self, request: pb.ReleaseLeaseRequest) -> bool:
+        """Release a lease an AcquireLease carries. A release that fails is left out of the
+        reply's `released`: the client sends it as a ReleaseLease of its own and hears why."""
+        try:
+            await self._release(request)
+        except errors.BatchQueueError:
+            return False
+        return True
 
     @_translate
     async def ReleaseLease(
         self, request: pb.ReleaseLeaseRequest, context: Any
     ) -> pb.ReleaseLeaseResponse:
         request_bounds.check_release(request)
-        queue = self._leases.owner_of(request.lease_id)
+        await self._release(request)
+        return pb.ReleaseLeaseResponse()
+
+    async def _release(self, request: pb.ReleaseLeaseRequest) -> None:
+        try:
+            queue = self._leases.owner_of(request.lease_id)
+        except errors.UnknownLease:
+            if self._leases.released_by(request.lease_id, request.client_id):
+                return  # released already, by a call whose answer the client missed
+            raise
         queue.release(
             request.lease_id,
             request.client_id,
             int(request.outcome),
             request.reason[: request_bounds.REASON_CHARS],
         )
+        self._leases.note_released(request.lease_id, request.client_id)
         if request.outcome == pb.CONSUMED:
             rates = self._throughput(self._datasets[queue.config.name], queue.split)
             rates.consumed()
             await rates.load()  # once: the window the last server left, merged in
         if self._metrics is not None and request.outcome == pb.CONSUMED and request.waited_s >= 0:
             self._metrics.observe_wait(queue.config.name, queue.split, request.waited_s)
-        return pb.ReleaseLeaseResponse()
 
     @_translate
     async def SetCurriculum(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -30,6 +31,10 @@ log = logging.getLogger("queue_server.leases")
 MAX_ID_LENGTH = 128
 # Clients remembered per rank for duplicate detection: far more than one rank ever has.
 _MAX_CLAIMS_PER_RANK = 16
+# Leases remembered as released, server-wide, so that a client that releases one again (it
+# carried the release on an AcquireLease whose answer it never got) hears it is done: far
+# more than the releases of all clients in flight at once.
+_RELEASES_REMEMBERED = 4096
 
 
 class ReleaseOutcome(enum.IntEnum):
@@ -63,6 +68,17 @@ class LeaseDirectory(Generic[Owner]):
     def __init__(self, on_discard: Callable[[str, str], None] | None = None) -> None:
         self._owners: dict[str, Owner] = {}
         self._on_discard = on_discard
+        self._released: OrderedDict[str, str] = OrderedDict()  # lease id -> its client
+
+    def note_released(self, lease_id: str, client_id: str) -> None:
+        """Remember that `client_id` released `lease_id` (the newest _RELEASES_REMEMBERED)."""
+        self._released[lease_id] = client_id
+        if len(self._released) > _RELEASES_REMEMBERED:
+            self._released.popitem(last=False)
+
+    def released_by(self, lease_id: str, client_id: str) -> bool:
+        """`client_id` released `lease_id` lately: releasing it again changes nothing."""
+        return bool(client_id) and self._released.get(lease_id) == client_id
 
     def add(self, lease_id: str, owner: Owner) -> None:
         self._owners[lease_id] = owner
