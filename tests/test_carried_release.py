@@ -135,6 +135,14 @@ class _Calls:
     def __call__(self, method: str, request: Any, **kw: Any) -> Any:
         with self._lock:
             self.counts[method] += 1
+        try:
+            return self._send(method, request, **kw)
+        except Exception:
+            with self._lock:  # a lease call that failed (no file in time on a busy machine)
+                self.counts[f"{method} failed"] += 1
+            raise
+
+    def _send(self, method: str, request: Any, **kw: Any) -> Any:
         if not (self._old_wire and method == "AcquireLease"):
             return self._call(method, request, **kw)
         stripped = pb.AcquireLeaseRequest()
@@ -163,8 +171,11 @@ def test_a_stream_makes_one_rpc_per_file(server: Any) -> None:
             what="the finished files released",
         )
         assert client.carries_releases
-        assert calls.counts["ReleaseLease"] == 0, calls.counts
-        assert files <= calls.counts["AcquireLease"] <= files + 4, calls.counts
+        # A lease call that failed (its file not made within a wait slice) leaves the one
+        # release it carried to a ReleaseLease of its own.
+        failed = calls.counts["AcquireLease failed"]
+        assert calls.counts["ReleaseLease"] <= failed, calls.counts
+        assert files <= calls.counts["AcquireLease"] - failed <= files + 4, calls.counts
     assert server.split_stats("stream")["consumed_files"] == files
 
 
