@@ -187,6 +187,28 @@ def test_versions_1_and_2_still_encode_as_torch_zips_and_load(tmp_path: Path, ve
         assert torch.equal(loaded.extras["h"], hist["h"])
 
 
+def test_a_torch_zip_file_deleted_while_it_is_loaded_is_not_found_not_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that listed a queue dir while a client's release deleted a file: torch opens
+    the zip first and maps it by its name after, so a file deleted between the two gives
+    torch's RuntimeError. That is a missing file, not a corrupt one."""
+    from queue_client import batchfile_torch
+
+    encoded = encode_batch_file(seq=1, tensors={"x": torch.zeros(2, 3)}, metadata={}, version=1)
+    path = tmp_path / "0000000001-0000000001-2.pt"
+    path.write_bytes(encoded.data)
+    from_file = torch.UntypedStorage.from_file
+
+    def deleted_first(name: str, *args: Any, **kwargs: Any) -> Any:
+        Path(name).unlink()  # the release's delete, between torch's open and its map
+        return from_file(name, *args, **kwargs)
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", deleted_first)
+    with pytest.raises(FileNotFoundError):
+        batchfile_torch.load_path(path)
+
+
 def test_an_unknown_version_is_not_written() -> None:
     with pytest.raises(ValueError, match="version 4 is not one of"):
         encode_batch_file(seq=0, tensors={"x": torch.zeros(1, 1)}, metadata={}, version=4)

@@ -250,7 +250,8 @@ def _parse_schema(raw: Any) -> tuple[FieldSpec, ...]:
 
 def load_batch_file(path: Path) -> BatchFile:
     """Map a batch file copy-on-write: its tensors are views of the page cache, and writing
-    into one never changes the file. Raises CorruptBatchFile naming the file and the fault."""
+    into one never changes the file. Raises CorruptBatchFile naming the file and the fault,
+    and FileNotFoundError for a file that is gone (also one deleted while it is opened)."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -7,6 +7,7 @@ builds tensors and plain data only, so nothing in a file can run code.
 
 from __future__ import annotations
 
+import errno
 import io
 import pickle
 import types
@@ -67,6 +68,8 @@ def load_path(path: Path) -> object:
     except FileNotFoundError:
         raise
     except Exception as exc:
+        if not path.exists():  # gone (a consumed file deleted): torch's own open says RuntimeError
+            raise FileNotFoundError(errno.ENOENT, "no such batch file", str(path)) from None
         raise CorruptBatchFile(f"{path}: cannot be loaded: {type(exc).__name__}: {exc}") from None
 
 
