@@ -8,8 +8,9 @@ server and all its children (forkserver, workers) is read from /proc/PID/smaps_r
 the backlog is full. Each launch finds the files the last one left on disk, and its trainer
 resumes from the last one's state_dict, as a restart does: those files are served before any
 worker has started (char_lm's inputs are fixed). A launch on a root that holds the meta alone
-times a first batch that a worker must make. A val split nobody reads starts no worker. The same launch through `serve()` in this process is timed to
-its return (SERVING) and to the first batch.
+times a first batch that a worker must make. A val split nobody reads starts no worker. The
+same launch through `serve()` in this process is timed to its return (SERVING) and to the
+first batch.
 
 Grain (extra `peers`; the row is skipped without it): bench/grain_peer.py in its own
 process, the same windows from train.bin with 2 worker processes, timed from after the

@@ -98,6 +98,10 @@ def test_carried_releases_are_checked_before_anything_changes(server: Any) -> No
     for releases, words in (
         ([_release(held)] * 17, "the number of releases 17"),
         ([_release(held, client="c2")], "releases[0] is of another client_id"),
+        (
+            [pb.ReleaseLeaseRequest(lease_id=held.lease_id, client_id="c1", waited_s=-1.0)],
+            "waited_s -1.0 is outside the allowed range",
+        ),
     ):
         with pytest.raises(grpc.RpcError) as err:
             _lease(server, "checked", 12, releases=releases)

@@ -172,11 +172,16 @@ def test_killed_composer_and_provider_workers_change_nothing_served(shared) -> N
         client.set_curriculum(0.0)
         # worker_pids: the composer first, then the provider workers.
         for victim in (0, 1):
-            pid = int(server.split_stats("crash")["worker_pids"][victim])
+            before = [int(p) for p in server.split_stats("crash")["worker_pids"]]
+            pid = before[victim]
             os.kill(pid, signal.SIGKILL)
             got.append(take(client, 2 * NB))
+            # The killed pid gone and every worker back: GetStats lists none while it starts.
             wait_until(
-                lambda p=pid: p not in map(int, server.split_stats("crash")["worker_pids"]),
+                lambda p=pid, b=before: (
+                    p not in (now := [int(q) for q in server.split_stats("crash")["worker_pids"]])
+                    and len(now) == len(b)
+                ),
                 30,
                 f"a new process in place of pid {pid}",
             )

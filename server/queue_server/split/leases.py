@@ -10,7 +10,8 @@ same RANK) would take that rank's leases from each other for ever: RankClaims no
 logs a WARNING once, and the stats show them until one of them stops.
 
 Time is injected (`clock`), so expiry is tested without waiting. A LeaseDirectory finds the
-table that holds a lease id, for the RPCs that name only the lease (renew, release, fetch).
+table that holds a lease id, for the RPCs that name only the lease (renew, release, fetch),
+and remembers the latest releases, so that a client releasing a lease again hears it is done.
 """
 
 from __future__ import annotations
