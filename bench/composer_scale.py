@@ -40,7 +40,7 @@ def _candidates(directory: Path, count: int, batches: int, b: int, t: int) -> di
     import torch
 
     from queue_client.batchfile import write_batch_file
-    from queue_providers.base import token_histograms
+    from queue_providers.histograms import token_histograms
 
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

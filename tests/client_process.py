@@ -66,6 +66,7 @@ def _child(
         open(2, "wb", closefd=False), encoding="utf-8", line_buffering=True
     )
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the forkserver ignores it; a trainer not
     os.environ.clear()  # the caller's environment now, not the forkserver's at its start
     os.environ.update(env)
     sys.path.insert(0, str(SUPPORT))  # as conftest.subprocess_env's PYTHONPATH has it

@@ -212,3 +212,36 @@ def test_a_torch_zip_file_deleted_while_it_is_loaded_is_not_found_not_corrupt(
 def test_an_unknown_version_is_not_written() -> None:
     with pytest.raises(ValueError, match="version 4 is not one of"):
         encode_batch_file(seq=0, tensors={"x": torch.zeros(1, 1)}, metadata={}, version=4)
+
+
+def test_numpy_arrays_encode_as_the_same_tensors_do(tmp_path: Path) -> None:
+    """A writer that never imports torch (char_lm's workers) hands numpy arrays in: each dtype
+    numpy has gives the bytes its tensor gives, views included; the file loads as tensors."""
+    tensors = {k: t for k, t in _all_dtypes().items() if k != "t_bfloat16"}
+    window = torch.arange(2 * 3 * 9, dtype=torch.int32).view(2, 3, 9)
+    tensors["view"] = window[..., 1:]  # not contiguous
+    extras = {"h": torch.arange(7, dtype=torch.int64)}
+    arrays = {k: t.numpy() for k, t in tensors.items()}
+    meta = {"a": 1}
+    want = encode_batch_file(seq=3, tensors=tensors, metadata=meta, extras=extras)
+    got = encode_batch_file(seq=3, tensors=arrays, metadata=meta, extras={"h": extras["h"].numpy()})
+    assert got == want
+    for version in (1, 2):  # torch.save zips: the arrays become tensors first
+        assert encode_batch_file(seq=3, tensors=arrays, metadata=meta, version=version) == (
+            encode_batch_file(seq=3, tensors=tensors, metadata=meta, version=version)
+        )
+    loaded = load_batch_file(_file(tmp_path, got.data))
+    assert torch.equal(loaded.stored["view"], tensors["view"])
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        (np.zeros((1, 2), dtype=np.complex64), "dtype complex64"),
+        (np.array([["a"]], dtype=object), "dtype object"),
+        ([[1, 2]], "is not a tensor"),
+    ],
+)
+def test_an_array_the_format_cannot_hold_is_refused_naming_it(value: Any, needle: str) -> None:
+    with pytest.raises(ValueError, match=rf"tensors .*'x'.*{needle}|{needle}"):
+        encode_batch_file(seq=0, tensors={"x": value}, metadata={})

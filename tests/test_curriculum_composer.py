@@ -13,7 +13,7 @@ from rich.console import Console
 
 from queue_client.batchfile import write_batch_file
 from queue_client.errors import ConfigError
-from queue_providers.base import token_histograms
+from queue_providers.histograms import token_histograms
 from queue_server.curriculum.composer import Composer, ComposerSettings
 from queue_server.curriculum.corpus import (
     cache_key,
@@ -366,7 +366,9 @@ def test_token_histograms_count_every_batch_at_once(shape, high: int, dtype) -> 
     if dtype == torch.uint16:  # a view that is not contiguous, as x of a stored window
         window = torch.cat([x, x[..., :1]], -1)
         view = token_histograms({"x": window[..., :-1]}, "x")
-        assert all(torch.equal(got[k], view[k]) for k in got)
+        assert all(np.array_equal(got[k], view[k]) for k in got)
+        as_numpy = token_histograms({"x": window[..., :-1].numpy()}, "x")  # numpy in: the same
+        assert all(np.array_equal(got[k], as_numpy[k]) for k in got)
     offsets, ids, counts = [0], [], []
     for batch in x.reshape(shape[0], -1).to(torch.int64):
         unique, count = torch.unique(batch[batch >= 0], return_counts=True)
@@ -374,9 +376,9 @@ def test_token_histograms_count_every_batch_at_once(shape, high: int, dtype) -> 
         counts.append(count)
         offsets.append(offsets[-1] + len(unique))
     assert got["token_hist_offsets"].tolist() == offsets
-    assert got["token_hist_ids"].dtype == torch.int32 == got["token_hist_counts"].dtype
-    assert torch.equal(got["token_hist_ids"].to(torch.int64), torch.cat(ids))
-    assert torch.equal(got["token_hist_counts"].to(torch.int64), torch.cat(counts))
+    assert got["token_hist_ids"].dtype == np.int32 == got["token_hist_counts"].dtype
+    assert np.array_equal(got["token_hist_ids"], torch.cat(ids).numpy())
+    assert np.array_equal(got["token_hist_counts"], torch.cat(counts).numpy())
 
 
 def test_token_histograms_of_a_file_of_padding_only_are_empty() -> None:
@@ -384,4 +386,21 @@ def test_token_histograms_of_a_file_of_padding_only_are_empty() -> None:
     every batch, rather than failing on a negative id span."""
     got = token_histograms({"labels": torch.full((3, 2, 5), -100)}, "labels")
     assert got["token_hist_offsets"].tolist() == [0, 0, 0, 0]
-    assert got["token_hist_ids"].numel() == 0 == got["token_hist_counts"].numel()
+    assert got["token_hist_ids"].size == 0 == got["token_hist_counts"].size
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        torch.zeros((2, 3), dtype=torch.float32),
+        torch.zeros((2, 3), dtype=torch.bfloat16),  # numpy has no such dtype
+        torch.zeros((2, 3), dtype=torch.bool),
+        np.zeros((2, 3), dtype=np.float64),
+    ],
+    ids=["float32", "bfloat16", "bool", "numpy-float64"],
+)
+def test_token_histograms_of_a_field_that_holds_no_ids_are_refused_naming_it(values) -> None:
+    from queue_client.errors import MetaError
+
+    with pytest.raises(MetaError, match=r"histogram field 'w' holds .*, not token ids"):
+        token_histograms({"w": values}, "w")

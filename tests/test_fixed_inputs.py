@@ -1,16 +1,17 @@
 """A restarted server checks the inputs of a provider that names them one by one (char_lm on a
 local file: meta's inputs_fixed) by itself, by size and mtime as a worker would, and serves
 the files on disk before any worker has started. Here no worker can start at all: the
-forkserver imports a stand-in torch that never returns."""
+workers' forkserver never gets past its interpreter's start."""
 
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import ServerFactory, char_config, subprocess_env
+from conftest import ServerFactory, char_config, subprocess_env, wait_until
 from queue_client import QueueClient
 from queue_client.errors import NoBatchReady
 from queue_client.meta import load_meta
@@ -25,31 +26,44 @@ def _built_root(start_server: ServerFactory, corpus: Path) -> str:
     return config
 
 
-def _torch_never_imports(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """The environment of a server whose workers' forkserver hangs in `import torch`, and the
-    file that says it began."""
-    blocking = tmp_path / "blocking" / "torch"
-    blocking.mkdir(parents=True)
-    importing = tmp_path / "importing"
-    (blocking / "__init__.py").write_text(
-        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\ntime.sleep(3600)\n"
+def _forkserver_never_starts(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a server whose workers' forkserver never starts (a sitecustomize
+    that holds it at its interpreter's start, until the server is gone), and the file that
+    says it got there. char_lm's workers import no torch, so a stand-in torch would not do."""
+    site = tmp_path / "never-site"
+    site.mkdir()
+    arrived = tmp_path / "forkserver-held"
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os, pathlib, sys, time
+            if any("multiprocessing.forkserver import main" in a for a in sys.orig_argv):
+                pathlib.Path({str(arrived)!r}).touch()
+                parent = os.getppid()
+                while os.getppid() == parent:  # held until the server is gone
+                    time.sleep(0.05)
+                os._exit(0)
+            """
+        )
     )
-    path = os.pathsep.join([str(blocking.parent), subprocess_env()["PYTHONPATH"]])
-    return {"PYTHONPATH": path}, importing
+    path = os.pathsep.join([str(site), subprocess_env()["PYTHONPATH"]])
+    return {"PYTHONPATH": path}, arrived
 
 
-@pytest.mark.cold_forkserver  # the forkserver must import torch itself, and never finish
+@pytest.mark.cold_forkserver  # the server's own forkserver, held at its start
 def test_a_restarted_server_serves_its_backlog_before_any_worker_starts(
     start_server: ServerFactory, corpus: Path, tmp_path: Path
 ) -> None:
     config = _built_root(start_server, corpus)
     assert load_meta(tmp_path / "data" / "chars" / "meta.pkl")["inputs_fixed"] is True
-    env, importing = _torch_never_imports(tmp_path)
+    env, held = _forkserver_never_starts(tmp_path)
     server = start_server(config, env=env)
     with QueueClient(server.address, "chars", rank=0, world_size=1, timeout_s=60) as client:
         x, y = client.get_batch("train")
     assert x.shape == (4, 16) and bool((x[:, 1:] == y[:, :-1]).all())
-    assert importing.exists()  # the forkserver is still in its import: no worker ran
+    # The forkserver is held at its start (it got there, on a busy machine maybe only now):
+    # no worker ran.
+    wait_until(held.exists, 60, "the forkserver held at its start")
     assert server.split_stats("chars")["worker_restarts"] == 0
 
 
@@ -62,12 +76,12 @@ def test_a_fixed_input_that_moved_on_waits_for_a_worker_to_check_it(
     config = _built_root(start_server, corpus)
     st = corpus.stat()
     os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    env, importing = _torch_never_imports(tmp_path)
+    env, held = _forkserver_never_starts(tmp_path)
     server = start_server(config, env=env)
     with QueueClient(server.address, "chars", rank=0, world_size=1, timeout_s=3) as client:
         with pytest.raises(NoBatchReady):
             client.get_batch("train")
-    assert importing.exists()
+    wait_until(held.exists, 60, "the forkserver held at its start")
 
 
 def test_a_provider_whose_inputs_are_a_listing_records_none_as_fixed(

@@ -70,6 +70,32 @@ def test_import_does_not_pull_in(statement: str, forbidden: set[str]) -> None:
     assert not (loaded & forbidden), f"{statement!r} imported {sorted(loaded & forbidden)}"
 
 
+@pytest.mark.parametrize("histograms", [False, True], ids=["fifo", "curriculum"])
+def test_a_char_lm_worker_makes_files_without_torch(tmp_path: Path, histograms: bool) -> None:
+    """What a char_lm dataset's worker runs (its preload, the provider's meta and a file,
+    with a curriculum's token histograms too) never imports torch: its forkserver then
+    preloads none (production/worker_imports.py), a second or more of a first start."""
+    (tmp_path / "corpus.txt").write_text("to be or not to be, that is the question\n" * 50)
+    script = tmp_path / "worker.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+        import queue_server.production.worker_main
+        from pathlib import Path
+        from queue_providers import ProviderContext, create
+        ctx = ProviderContext("ds", Path({str(tmp_path / "ds")!r}), batch_size=3,
+                              batches_per_file=4, histogram_field={"x" if histograms else ""!r})
+        p = create("char_lm", ctx, {{"input": {str(tmp_path / "corpus.txt")!r}, "block_size": 8}})
+        p.set_meta(p.complete_meta())
+        Path({str(tmp_path / "q")!r}).mkdir()
+        assert p.produce_file("train", 0, Path({str(tmp_path / "q")!r})).size_bytes > 0
+        """
+        )
+    )
+    loaded = _modules_after(f"exec(open({str(script)!r}).read())")
+    assert "queue_providers" in loaded and "torch" not in loaded
+
+
 def test_probe_detects_forbidden_imports() -> None:
     """Control: the probe does report a forbidden package when something imports it."""
     assert {"uvloop", "queue_server"} <= _modules_after("import queue_client, uvloop, queue_server")

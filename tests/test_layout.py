@@ -487,7 +487,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         'Path.home() / ".ray" / "auth_token"',
     ): "Ray's own token file in the user's home, read as Ray reads it; outside the data root",
     (
-        "server/queue_server/config/server.py",
+        "server/queue_server/config/__init__.py",
         'Path(__file__).parent.with_name("default_config.toml")',
     ): "the packaged default config beside its module, not under the data root",
     (

@@ -109,3 +109,32 @@ def test_no_two_of_20000_files_of_a_split_start_from_the_same_draw(tmp_path: Pat
     provider = create("char_lm", ctx, {"input": str(_char_text(tmp_path)), "block_size": 16})
     draws = {first_draw(provider.file_rng("train", seq)) for seq in range(20_000)}
     assert len(draws) == 20_000, f"{20_000 - len(draws)} files repeat another's first draw"
+
+
+@pytest.mark.parametrize("seed", [0, 5, 1337, (1 << 62) + 12345, (1 << 64) - 1])
+def test_randint_draws_are_torch_randint_of_the_same_generator(seed: int) -> None:
+    """randint_draws draws, with numpy, what torch.randint draws from torch_generator(seed):
+    one 32-bit output per value below 2**28, two (a 64-bit value) from there up, in both
+    cases reduced modulo the range. char_lm's files depend on it (test_provider_vectorised
+    checks them byte for byte); the installed torch is the reference."""
+    from queue_providers.seeding import randint_draws
+
+    for high in (1, 2, 3, 1000, 1_000_003, (1 << 28) - 1, 1 << 28, (1 << 28) + 1, (1 << 32) + 5,
+                 (1 << 62) + 3, (1 << 63) - 1):  # fmt: skip
+        want = torch.randint(high, (3000,), generator=torch_generator(seed)).numpy()
+        got = randint_draws(seed, high, 3000)
+        assert got.dtype == np.int64 and np.array_equal(got, want), f"high {high}"
+    # Draws one after another from one generator are the draws of their total count.
+    gen = torch_generator(seed)
+    parts = torch.cat([torch.randint(1000, (3, 1), generator=gen) for _ in range(5)])
+    assert np.array_equal(parts.reshape(-1).numpy(), randint_draws(seed, 1000, 15))
+
+
+def test_randint_draws_refuses_a_range_or_seed_it_cannot_draw() -> None:
+    from queue_providers.seeding import randint_draws
+
+    for bad in (0, -3, 1 << 63):
+        with pytest.raises(ValueError, match=r"high must lie in \[1, 2\*\*63\)"):
+            randint_draws(1, bad, 4)
+    with pytest.raises(ValueError, match=r"2\*\*64"):
+        randint_draws(-1, 10, 4)

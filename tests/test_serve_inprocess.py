@@ -264,7 +264,7 @@ def test_a_server_process_starts_the_workers_forkserver_before_it_imports_grpc(
         import runpy, sys
         import queue_server.production.forkserver_start as workers
         seen = []
-        workers.start_forkserver = lambda: seen.append("grpc" in sys.modules)
+        workers.start_forkserver = lambda torch: seen.append(("grpc" in sys.modules, torch))
         sys.argv = ["server", *{argv!r}]
         try:
             if {entry!r} == "queue_server.entry":
@@ -281,4 +281,5 @@ def test_a_server_process_starts_the_workers_forkserver_before_it_imports_grpc(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
         cwd=tmp_path, env=subprocess_env(),
     )  # fmt: skip
-    assert "STARTS [False]" in proc.stdout, proc.stdout + proc.stderr
+    # Before gRPC; with torch, since the config cannot be read (test_worker_imports.py).
+    assert "STARTS [(False, True)]" in proc.stdout, proc.stdout + proc.stderr

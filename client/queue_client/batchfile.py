@@ -54,6 +54,7 @@ VERSIONS = (1, 2, 3)
 EXT = ".pt"
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from queue_client.schema import FieldSpec
@@ -125,9 +126,9 @@ class EncodedBatchFile:
 def encode_batch_file(
     *,
     seq: int,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor | np.ndarray],
     metadata: Mapping[str, Any],
-    extras: Mapping[str, torch.Tensor] | None = None,
+    extras: Mapping[str, torch.Tensor | np.ndarray] | None = None,
     version: int = FORMAT_VERSION,
 ) -> EncodedBatchFile:
     """The bytes of one batch file. Tensors are what the file stores, each
@@ -139,18 +140,33 @@ def encode_batch_file(
     The bytes depend on the arguments alone, so the same seq encodes identically anywhere.
     Version 3 metadata is JSON data: anything else (a numpy scalar, a non-str key, a NaN)
     is refused here with a ValueError naming it; tuples are read back as lists.
+    Tensors may also be numpy arrays: version 3 writes them without torch.
     """
     if not tensors:
         raise ValueError("a batch file needs at least one tensor")
     if version not in VERSIONS:
         raise ValueError(f"batch file format version {version!r} is not one of {VERSIONS}")
-    num_batches = int(next(iter(tensors.values())).shape[0])
+    name, first = next(iter(tensors.items()))
+    shape = getattr(first, "shape", None)
+    if not shape:  # not a tensor or array, or one without a batch dimension
+        raise ValueError(f"tensors entry {name!r} is not a tensor of [num_batches, ...]")
+    num_batches = int(shape[0])
     full = {**metadata, "seq": seq, "num_batches": num_batches}
     if version >= 3:
         data = batchfile_v3.encode(full, tensors, extras or {})
     else:
-        data = batchfile_torch.encode(FORMAT_NAME, version, full, tensors, extras)
+        data = batchfile_torch.encode(
+            FORMAT_NAME, version, full, _as_tensors(tensors), _as_tensors(extras or {}) or None
+        )
     return EncodedBatchFile(seq, num_batches, data, zlib.crc32(data))
+
+
+def _as_tensors(tables: Mapping[str, Any]) -> dict[str, Any]:
+    """torch tensors of numpy arrays (versions 1 and 2 are torch.save zips); others as given."""
+    import numpy as np
+    import torch
+
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in tables.items()}
 
 
 def publish_batch_file(directory: Path, encoded: EncodedBatchFile) -> PublishedFile:

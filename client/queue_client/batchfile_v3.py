@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from queue_client.errors import CorruptBatchFile
 from queue_client.schema import DTYPES
 
@@ -80,12 +82,13 @@ def plain_json(value: Any, where: str) -> Any:
 
 def encode(
     metadata: Mapping[str, Any],
-    tensors: Mapping[str, torch.Tensor],
-    extras: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    extras: Mapping[str, torch.Tensor | np.ndarray],
 ) -> bytes:
-    """The bytes of a version 3 file; the same arguments give the same bytes anywhere."""
-    import torch
+    """The bytes of a version 3 file; the same arguments give the same bytes anywhere.
 
+    Tensors may be torch tensors or numpy arrays (a writer that never imports torch): the
+    same values in the same dtype and shape make the same bytes."""
     if sys.byteorder != "little":
         raise ValueError("batch files are little-endian; this machine is big-endian")
     header: dict[str, Any] = {"metadata": plain_json(metadata, "metadata")}
@@ -94,24 +97,21 @@ def encode(
     for table, mapping in (("tensors", tensors), ("extras", extras)):
         entries = []
         for name, t in mapping.items():
-            if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+            if not isinstance(name, str):
                 raise ValueError(f"{table} entry {name!r} is not a tensor under a str name")
-            dtype = str(t.dtype).removeprefix("torch.")
-            if dtype not in ITEMSIZE:
-                raise ValueError(f"{table} tensor {name!r} has dtype {dtype}, not one of {DTYPES}")
-            flat = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+            dtype, flat = _dtype_and_bytes(table, name, t)
             pos = _aligned(pos)
             entries.append(
                 {
                     "name": name,
                     "dtype": dtype,
-                    "shape": list(t.shape),
+                    "shape": [int(n) for n in t.shape],
                     "offset": pos,
-                    "nbytes": flat.numel(),
+                    "nbytes": flat.nbytes,
                 }
             )
             blobs.append((pos, flat))
-            pos += flat.numel()
+            pos += flat.nbytes
         header[table] = entries
     header["data_bytes"] = pos
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
@@ -120,10 +120,27 @@ def encode(
     at = PREFIX.size + len(text)
     for offset, flat in blobs:
         parts.append(bytes(start + offset - at))
-        parts.append(flat.numpy().data)
-        at = start + offset + flat.numel()
+        parts.append(flat.data)
+        at = start + offset + flat.nbytes
     parts.append(bytes(start + pos - at))
     return b"".join(parts)
+
+
+def _dtype_and_bytes(table: str, name: str, t: object) -> tuple[str, np.ndarray]:
+    """A tensor's dtype name and its bytes in C order, as a flat uint8 array."""
+    if isinstance(t, np.ndarray):
+        dtype, array = t.dtype.name, t
+    else:
+        torch = sys.modules.get("torch")  # a torch tensor means torch is imported
+        if torch is None or not isinstance(t, torch.Tensor):
+            raise ValueError(f"{table} entry {name!r} is not a tensor under a str name")
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in ITEMSIZE:
+            raise ValueError(f"{table} tensor {name!r} has dtype {dtype}, not one of {DTYPES}")
+        array = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    if dtype not in ITEMSIZE:
+        raise ValueError(f"{table} tensor {name!r} has dtype {dtype}, not one of {DTYPES}")
+    return dtype, np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 @dataclass(frozen=True)

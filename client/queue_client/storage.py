@@ -16,6 +16,7 @@ widened fields.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from queue_client.errors import SchemaMismatch
@@ -50,7 +51,6 @@ class BatchCodec:
         self.schema = tuple(schema)
         self.names = [f.name for f in self.schema]
         self._index = {f.name: i for i, f in enumerate(self.schema)}
-        self._dtypes = [torch_dtype(f.dtype) for f in self.schema]
         names: list[str] = []
         for f in self.schema:
             if f.storage.direct and f.stored_name not in names:
@@ -78,6 +78,12 @@ class BatchCodec:
         self._finish = [i for i, f in enumerate(self.schema) if f.storage.kind == NEXT_TOKEN]
         self._derived = [i for i, f in enumerate(self.schema) if not f.storage.direct]
         self._copies_only = not self._finish and not self._derived
+
+    @cached_property
+    def _dtypes(self) -> list[torch.dtype]:
+        """The served fields' torch dtypes, looked up on first read: a writer that encodes
+        with numpy (char_lm's workers) never imports torch."""
+        return [torch_dtype(f.dtype) for f in self.schema]
 
     # ---- reading -------------------------------------------------------------------------
     def field_views(self, stored: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:

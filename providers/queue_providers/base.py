@@ -16,6 +16,10 @@ Determinism: a file's content is a pure function of (config, seed, split, seq) f
 providers, since the RNG is seeded from exactly those. A provider that streams (reads documents
 in order) also overrides `state_dict`/`load_state_dict`; the server journals the state before
 each file so any seq can be produced again.
+
+torch is imported where a method needs it, not with this module: a provider that makes its
+files with numpy (char_lm) runs in a worker that never imports it (a second or more of a
+worker's start, and much of its memory).
 """
 
 from __future__ import annotations
@@ -26,10 +30,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from queue_client.batchfile import (
     FORMAT_VERSION,
@@ -44,9 +47,13 @@ from queue_client.layout import DatasetLayout
 from queue_client.meta import split_schema, validate_meta
 from queue_client.schema import FieldSpec, check_tensors
 from queue_client.storage import BatchCodec, codec_for
+from queue_providers.histograms import token_histograms
 from queue_providers.inputs import Input, describe_inputs, inputs_fingerprint, path_args
 from queue_providers.seeding import derive_seed, torch_generator
 from queue_providers.token_ids import IdRange, check_ids, id_ranges
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -197,6 +204,8 @@ class DataProviderBase(abc.ABC):
         schema = self._schemas.get(split)
         if schema is None:
             raise MetaError(f"split {split!r} is not in meta split_info {sorted(self._schemas)}")
+        import torch
+
         rng = self.file_rng(split, seq)
         batches = [self.sample_batch(split, rng) for _ in range(self.context.batches_per_file)]
         for b in batches:
@@ -216,10 +225,12 @@ class DataProviderBase(abc.ABC):
             return None
         return np.dtype(codec.schema[0].stored_as)
 
-    def encode_windows(self, split: str, seq: int, windows: torch.Tensor) -> EncodedBatchFile:
+    def encode_windows(
+        self, split: str, seq: int, windows: torch.Tensor | np.ndarray
+    ) -> EncodedBatchFile:
         """File `seq` from its stored windows ([batches_per_file, batch_size, T+1] of
-        window_dtype): the bytes encode_file makes of x = windows[..., :-1] and y =
-        windows[..., 1:] widened, without widening them."""
+        window_dtype, a tensor or a numpy array): the bytes encode_file makes of x =
+        windows[..., :-1] and y = windows[..., 1:] widened, without widening them."""
         codec = self._codecs[split]
         served = {"x": windows[..., :-1], "y": windows[..., 1:]}  # for histograms only
         return self.encode_file(split, seq, served, {codec.stored_names[0]: windows})
@@ -228,14 +239,15 @@ class DataProviderBase(abc.ABC):
         self,
         split: str,
         seq: int,
-        served: Mapping[str, torch.Tensor],
-        stored: Mapping[str, torch.Tensor] | None = None,
+        served: Mapping[str, torch.Tensor | np.ndarray],
+        stored: Mapping[str, torch.Tensor | np.ndarray] | None = None,
     ) -> EncodedBatchFile:
         """File `seq` of `split` from its served fields ([batches_per_file, batch_size, ...]
         each), encoded as the dataset's format stores them. A subclass that makes the stored
         tensors itself passes them as `stored` (exactly what the codec would make of
         `served`); `served` is then read only for the token histograms of a curriculum
-        split, and may hold narrow views."""
+        split, and may hold narrow views. numpy arrays are taken where tensors are, for
+        `stored` in format 3 (the one format written without torch) and for the histograms."""
         metadata: dict[str, Any] = {
             "dataset": self.context.dataset_name,
             "split": split,
@@ -248,7 +260,13 @@ class DataProviderBase(abc.ABC):
             metadata["histogram_field"] = self.context.histogram_field
         version = self.format_version
         if stored is None:
-            stored = self._codecs[split].encode(served) if version >= 2 else served
+            import torch  # the codec's encoding is torch's
+
+            tensors = {
+                k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                for k, v in served.items()
+            }
+            stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
         return encode_batch_file(
             seq=seq, tensors=stored, metadata=metadata, extras=extras, version=version
         )
@@ -272,6 +290,8 @@ class DataProviderBase(abc.ABC):
         provider that streams documents in order overrides this, or it would count a prefix.
         `progress(n)` is told how many tokens were added.
         """
+        import torch
+
         counts = torch.zeros(vocab_size, dtype=torch.int64)
         seen, draw = 0, 0
         while seen < n_tokens:
@@ -314,51 +334,6 @@ def batch_format_version(meta: Mapping[str, Any]) -> int:
             "or `queue-server reset` the dataset"
         )
     return int(version)
-
-
-def token_histograms(
-    tensors: Mapping[str, torch.Tensor], field_name: str
-) -> dict[str, torch.Tensor]:
-    """Per-batch sparse token histograms of one field, in CSR form (see FORMAT.md)."""
-    if field_name not in tensors:
-        raise MetaError(
-            f"histogram field {field_name!r} is not in the batch; fields are {sorted(tensors)}"
-        )
-    values = tensors[field_name]
-    if values.dtype.is_floating_point or values.dtype == torch.bool:
-        raise MetaError(f"histogram field {field_name!r} holds {values.dtype}, not token ids")
-    # One numpy bincount per batch, on the ids as stored (narrow): 2-5x faster than widening
-    # the file's ids to int64 keys and counting them all at once. A vocabulary too large to
-    # count densely per batch is sorted instead. Either way ids come out by batch, then id.
-    rows = values.reshape(values.shape[0], -1).numpy()
-    nb = rows.shape[0]
-    span = max(int(rows.max()) + 1, 1) if rows.size else 1  # 1 where every id is padding
-    signed = rows.dtype.kind == "i" and rows.size > 0 and int(rows.min()) < 0
-    offsets = np.zeros(nb + 1, dtype=np.int64)
-    ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-    counts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-    dense_count = span <= max(_DENSE_HISTOGRAM_BINS, 8 * rows.shape[1])
-    for i, row in enumerate(rows):
-        if signed:  # padding labels are not counted
-            row = row[row >= 0]
-        if dense_count:
-            dense = np.bincount(row, minlength=span)
-            unique = np.flatnonzero(dense)
-            count = dense[unique]
-        else:
-            unique, count = np.unique(row, return_counts=True)
-        ids.append(unique)
-        counts.append(count)
-        offsets[i + 1] = offsets[i] + len(unique)
-    return {
-        "token_hist_offsets": torch.from_numpy(offsets),
-        "token_hist_ids": torch.from_numpy(np.concatenate(ids).astype(np.int32)),
-        "token_hist_counts": torch.from_numpy(np.concatenate(counts).astype(np.int32)),
-    }
-
-
-# token_histograms counts a batch's ids densely below this span (or 8 per id counted), else sorts
-_DENSE_HISTOGRAM_BINS = 1 << 16
 
 
 def _describe_paths(value: Any) -> Any:

@@ -5,6 +5,10 @@ text is train and the rest val, and each batch is `batch_size` random windows of
 characters split into x and y. A file stores each window once, in uint16 (uint32 past 65,536
 characters): x and y are its two views. With no `input`, the text is the source of Python's own standard
 library, which exists wherever Python does, so the default dataset needs no download.
+
+Files are made with numpy alone (the window starts torch's generator would draw, drawn by
+seeding.randint_draws), so a worker of a char_lm dataset never imports torch; sample_batch,
+the base class's way, still does.
 """
 
 from __future__ import annotations
@@ -12,10 +16,9 @@ from __future__ import annotations
 import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError
@@ -23,6 +26,10 @@ from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema
 from queue_providers.inputs import Input
 from queue_providers.remote import read_text, resolve, shown, store_for
+from queue_providers.seeding import derive_seed, randint_draws
+
+if TYPE_CHECKING:
+    import torch
 
 # The first stdlib modules in sorted order, up to this many characters: big enough to train
 # a tiny model, small enough to load in well under a second.
@@ -99,8 +106,8 @@ class CharLMProvider(DataProviderBase):
         ids = (np.cumsum(present) - 1)[codepoints]
         n_train = int(len(ids) * train_fraction)
         self.data = {
-            "train": torch.from_numpy(ids[:n_train].astype(np.int64)),
-            "val": torch.from_numpy(ids[n_train:].astype(np.int64)),
+            "train": ids[:n_train].astype(np.int64),
+            "val": ids[n_train:].astype(np.int64),
         }
         for split, data in self.data.items():
             if len(data) <= block_size:
@@ -108,7 +115,7 @@ class CharLMProvider(DataProviderBase):
                     f"char_lm {split} split has {len(data)} characters, fewer than block_size+1="
                     f"{block_size + 1}: use more text or a smaller block_size"
                 )
-        self._offsets = torch.arange(block_size + 1)
+        self._offsets = np.arange(block_size + 1)
         self._narrow: dict[tuple[str, str], np.ndarray] = {}  # ids in a stored dtype
 
     def input_files(self) -> Sequence[Input]:
@@ -133,9 +140,11 @@ class CharLMProvider(DataProviderBase):
         }
 
     def sample_batch(self, split: str, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        import torch
+
         data = self.data[split]
         starts = torch.randint(len(data) - self.block_size, (self.batch_size, 1), generator=rng)
-        windows = data[starts + self._offsets]
+        windows = torch.from_numpy(data[starts.numpy() + self._offsets])
         return {"x": windows[:, :-1], "y": windows[:, 1:]}  # stacked into the file as they are
 
     def make_file(self, split: str, seq: int) -> EncodedBatchFile:
@@ -143,15 +152,16 @@ class CharLMProvider(DataProviderBase):
         the same window starts, gathered from the text's narrow ids into the stored window
         (format 2 and later). The base's way (int64 x and y, stacked, checked, narrowed
         again) cost about five times the CPU. Every id is a character of stoi by
-        construction, so there is nothing to check."""
+        construction, so there is nothing to check. The starts are the ones file_rng's
+        generator draws, drawn without torch (seeding.randint_draws)."""
         dtype = self.window_dtype(split)
         if dtype is None:
             return super().make_file(split, seq)
         narrow = self._narrow.get((split, dtype.str))
         if narrow is None:
-            narrow = self._narrow[split, dtype.str] = self.data[split].numpy().astype(dtype)
-        rng = self.file_rng(split, seq)
+            narrow = self._narrow[split, dtype.str] = self.data[split].astype(dtype)
         n, b, t = self.context.batches_per_file, self.batch_size, self.block_size
-        starts = [torch.randint(len(narrow) - t, (b, 1), generator=rng) for _ in range(n)]
-        index = (torch.cat(starts) + self._offsets).numpy()
-        return self.encode_windows(split, seq, torch.from_numpy(narrow[index].reshape(n, b, t + 1)))
+        seed = derive_seed(self.context.seed, split, seq)  # file_rng's
+        starts = randint_draws(seed, len(narrow) - t, n * b)
+        index = starts[:, None] + self._offsets
+        return self.encode_windows(split, seq, narrow[index].reshape(n, b, t + 1))

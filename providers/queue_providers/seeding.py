@@ -9,17 +9,25 @@ with seed 1337 are one). So `torch_generator` fills the whole state from the ful
 instead, with the Twister authors' `init_by_array` (the seeding of Python's `random.seed(int)`,
 which takes the seed 32 bits at a time), and installs it with `Generator.set_state`: the
 generator then draws exactly the stream of `random.Random(seed)`.
+
+`randint_draws` gives what `torch.randint(high, ...)` draws from such a generator, with numpy
+alone: a worker whose provider samples window starts that way (char_lm) then never imports
+torch, which is most of a worker's start and of its memory. tests/test_provider_seeding.py
+checks it against the installed torch, draw for draw.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-__all__ = ["derive_seed", "torch_generator"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["derive_seed", "randint_draws", "torch_generator"]
 
 _MT_WORDS = 624
 # torch's CPU generator state is the byte image of CPUGeneratorImplState, the format that
@@ -27,6 +35,9 @@ _MT_WORDS = 624
 # then the 624 Mersenne Twister words as 624 uint64, then cached normal samples.
 _STATE_BYTES = 5056
 _WORDS_AT = 24
+# torch.randint on the CPU takes one 32-bit output per value below this range, and one 64-bit
+# value of two outputs (the first its high word) from it up, each reduced modulo the range.
+_ONE_WORD_BELOW = 1 << 28
 
 
 def derive_seed(seed: int, *parts: object) -> int:
@@ -46,8 +57,9 @@ def torch_generator(seed: int) -> torch.Generator:
     initial_seed() is `seed`, and the first draw twists the installed words, as after
     manual_seed. Raises RuntimeError when this torch lays its generator state out otherwise.
     """
-    if not 0 <= seed < 1 << 64:
-        raise ValueError(f"seed must lie in [0, 2**64), got {seed!r}")
+    import torch
+
+    _check_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     state = gen.get_state()
     raw = state.numpy()
@@ -66,3 +78,26 @@ def torch_generator(seed: int) -> torch.Generator:
     words[:] = mt19937_words(seed)
     gen.set_state(state)
     return gen
+
+
+def randint_draws(seed: int, high: int, count: int) -> np.ndarray:
+    """The int64 values of `torch.randint(high, (count,), generator=torch_generator(seed))`,
+    drawn without torch: the same Twister stream (numpy's MT19937 from the same words), reduced
+    the way torch's CPU kernel reduces it. Draws made one after another from one generator
+    are this of their total count (randint fills a tensor in order)."""
+    _check_seed(seed)
+    if not 0 < high < 1 << 63:
+        raise ValueError(f"high must lie in [1, 2**63), got {high!r}")
+    twister = np.random.MT19937()
+    words = mt19937_words(seed).astype(np.uint32)
+    twister.state = {"bit_generator": "MT19937", "state": {"key": words, "pos": _MT_WORDS}}
+    if high < _ONE_WORD_BELOW:
+        return (twister.random_raw(count) % np.uint64(high)).astype(np.int64)
+    pairs = twister.random_raw(2 * count).reshape(count, 2)
+    wide = (pairs[:, 0] << np.uint64(32)) | pairs[:, 1]
+    return (wide % np.uint64(high)).astype(np.int64)
+
+
+def _check_seed(seed: int) -> None:
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must lie in [0, 2**64), got {seed!r}")

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from queue_client.errors import SchemaMismatch
 from queue_client.schema import FieldSpec
+
+if TYPE_CHECKING:
+    import torch
 
 IGNORE_INDEX = -100
 _INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
@@ -64,6 +65,8 @@ def check_ids(
 ) -> None:
     """Raise SchemaMismatch naming the field, the id found and the bound, if any id of a
     range's field lies outside it."""
+    import torch
+
     for r in ranges:
         values = tensors[r.field]
         if values.numel() == 0:

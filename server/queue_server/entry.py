@@ -7,25 +7,41 @@ import os
 import sys
 
 
-def prepare_server_process(start_workers: bool = True) -> None:
+def prepare_server_process(start_workers: bool = True, preload_torch: bool = True) -> None:
     """What a server process does before it imports gRPC: `queue-server`'s (main below) and
-    serve()'s child's (serve_child.py)."""
+    serve()'s child's (serve_child.py). `preload_torch`: whether the workers' forkserver
+    imports torch for them (production/worker_imports.py)."""
     # The server starts processes by fork+exec (the forkserver, the head of a "local" Ray
     # instance). gRPC's fork handlers only log noise for that ("skipping fork() handlers"), and
     # gRPC reads this once, when it is first imported.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     if start_workers:
-        # The workers' forkserver imports torch (about a second of CPU): started first, it
-        # runs beside the server's own imports and start, and the first file is made that
-        # much sooner. It ends by itself when this process does, whatever happens next.
+        # The workers' forkserver imports torch where they need it (a second or more of
+        # CPU): started first, it runs beside the server's own imports and start, and the
+        # first file is made that much sooner. It ends by itself when this process does,
+        # whatever happens next.
         from queue_server.production.forkserver_start import start_forkserver
 
-        start_forkserver()
+        start_forkserver(preload_torch)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    prepare_server_process(args[:1] != ["reset"] and not {"-h", "--help"} & set(args))
+    start_workers = args[:1] != ["reset"] and not {"-h", "--help"} & set(args)
+    prepare_server_process(start_workers, start_workers and _config_needs_torch(args))
     from queue_server.cli import main as cli_main
 
     return cli_main(argv)
+
+
+def _config_needs_torch(args: list[str]) -> bool:
+    """Whether the workers of the config that `args` name (--config) need torch preloaded."""
+    import argparse
+    from pathlib import Path
+
+    from queue_server.production.worker_imports import config_needs_torch
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", type=Path)
+    known, _ = parser.parse_known_args(args)
+    return config_needs_torch(known.config)

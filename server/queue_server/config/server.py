@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError
+from queue_server.config import DEFAULT_CONFIG
 from queue_server.config.checks import check, in_range, is_int
 from queue_server.config.dataset import (  # noqa: F401  (the config's public names, in one place)
     BACKENDS,
@@ -48,7 +49,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
-DEFAULT_CONFIG = Path(__file__).parent.with_name("default_config.toml")
 
 
 # Upper bounds, in seconds: a day of lease without renewal, an hour in one AcquireLease call.

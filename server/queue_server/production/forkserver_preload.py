@@ -1,43 +1,32 @@
-"""What the workers' forkserver imports before it forks any worker: worker_main (torch and the
-providers, a second or more of CPU), abandoned at once if the server that started it is gone.
+"""What the workers' forkserver imports before it forks any worker: worker_main and the
+providers' shared code, abandoned at once if the server that started it is gone.
 
 The server starts the forkserver first thing, so that its import runs beside the server's own
 start. A server that exits early (a config error, a data root in use, a kill) would otherwise
 leave it importing to the end, seconds on a busy machine, before it notices. A thread watches
 the forkserver's parent for as long as the import runs, and is gone before the first fork.
+Where a dataset's provider uses torch, forkserver_preload_torch runs first and imports it
+under the same watch (worker_imports.py says when).
 """
 
 from __future__ import annotations
 
-import os
-import threading
+import gc
+import signal
 
-# How often the import's watcher looks for the server; a wake-up costs microseconds.
-_POLL_S = 0.05
+from queue_server.production.forkserver_start import abandoned_with_the_server
 
+# A SIGTERM to the server's whole process group (`timeout`, `kill -- -PGID`, systemd) must not
+# end the forkserver before the server has stopped its workers: the server learns of each
+# worker's exit through the forkserver, and a stop that cannot wait for them would sweep
+# their temp files while they still write. The forkserver ends when the server does (its
+# alive pipe closes); workers ignore SIGTERM too (worker_main.py).
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-def _exit_when_orphaned(parent: int, imported: threading.Event) -> None:
-    while not imported.wait(_POLL_S):
-        if os.getppid() != parent:  # re-parented: the server is gone
-            os._exit(0)
-
-
-# A worker is one thread of work (worker_main sets torch's threads to 1: parallelism comes
-# from worker processes). numpy's OpenBLAS reads its thread count when it loads, in the
-# preload below, and would otherwise start a thread per core for a matrix-vector product
-# (a curriculum composer's bounds). A count the environment sets is kept.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-_imported = threading.Event()
-_watcher = threading.Thread(
-    target=_exit_when_orphaned,
-    args=(os.getppid(), _imported),
-    name="forkserver-preload-watch",
-    daemon=True,
-)
-_watcher.start()
-try:
+with abandoned_with_the_server():
     import queue_server.production.worker_main  # noqa: F401  (the preload itself)
-finally:
-    _imported.set()
-    _watcher.join()
+
+# Last of the preload: the objects imported so far go to the collector's permanent
+# generation, so that a worker's collections never write to (and so never copy) the pages it
+# shares with the forkserver and the other workers.
+gc.freeze()

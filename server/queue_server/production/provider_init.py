@@ -4,6 +4,7 @@ the inputs the dataset was built from (check_own_inputs)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -51,3 +52,18 @@ def set_weight_changes(provider: DataProviderBase, split: str, changes: Any) -> 
     """A mixture's journaled SetMixture calls, sent with each produce; others have none."""
     if hasattr(provider, "set_weight_changes"):
         provider.set_weight_changes(split, changes or ())
+
+
+def one_torch_thread() -> None:
+    """One torch thread in a worker or actor, once torch is imported (by the preload, or by
+    a provider): parallelism comes from worker processes, and more threads would fight the
+    trainer for the same cores. A provider that makes files without torch (char_lm) never
+    imports it, so this is looked for around each request, not done at the start."""
+    global _torch_threads_set
+    torch = None if _torch_threads_set else sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+        _torch_threads_set = True
+
+
+_torch_threads_set = False

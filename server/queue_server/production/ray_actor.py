@@ -28,6 +28,7 @@ from queue_server.production.priority import apply_worker_priority
 from queue_server.production.provider_init import (
     build_provider,
     check_own_inputs,
+    one_torch_thread,
     set_weight_changes,
 )
 
@@ -150,10 +151,6 @@ class ProviderActor:
 
     def _built(self) -> DataProviderBase:
         if self._provider is None:
-            import torch
-
-            # One thread per actor, as in a worker process: parallelism comes from slots.
-            torch.set_num_threads(1)
             if not os.path.isdir(self._cwd):
                 raise FileNotFoundError(
                     f"the config directory {self._cwd} does not exist on Ray node "
@@ -166,6 +163,9 @@ class ProviderActor:
             check_own_inputs(provider, self._init)
             provider.set_meta(meta_from_json(self._meta_json))
             self._provider = provider
+        # One thread per actor, as in a worker process, once torch is there: char_lm's
+        # actors never import it.
+        one_torch_thread()
         return self._provider
 
     def _failed(self, exc: Exception) -> Failed:

@@ -1,7 +1,8 @@
 """The code that runs inside a provider worker process, driven over a socket by the server.
 
-Workers are forked from a forkserver that imported torch and the providers once, so a worker
-starts in milliseconds rather than seconds, and no worker inherits the server's gRPC threads.
+Workers are forked from a forkserver that imported this module (and torch, where a dataset's
+provider needs it: forkserver_start.py) once, so a worker starts in milliseconds rather than
+seconds, and no worker inherits the server's gRPC threads.
 The server writes one JSON request per line and reads one JSON reply per line. Requests:
 
     {"op": "init", "dataset": ..., "provider": ..., "args": {...}, ...}   -> {"ok": true}
@@ -19,16 +20,17 @@ A produce with a state produces that seq again from the journaled state and then
 the worker's forward stream, so re-producing an old seq never disturbs the next new one.
 Errors come back as {"ok": false, "error": "...", "errno": n}; the process keeps running.
 
-A worker ignores SIGINT: a Ctrl-C in a terminal reaches the whole process group, and the
-server, not the terminal, stops its workers (it closes their sockets), so a Ctrl-C prints no
-worker traceback. Long preparation steps (building meta, checking inputs, loading indexes)
+A worker ignores SIGINT and SIGTERM: a Ctrl-C in a terminal reaches the whole process group,
+as does a SIGTERM to the group (`timeout`, `kill -- -PGID`, systemd stopping a unit), and the
+server, not the signal, stops its workers (it closes their sockets). So a Ctrl-C prints no
+worker traceback, and a stopping server never sees its workers die under it and restarts
+them. Long preparation steps (building meta, checking inputs, loading indexes)
 log progress lines (preparation.py) on the worker's stderr, which is the server's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import select
@@ -38,9 +40,6 @@ import threading
 import traceback
 from pathlib import Path
 from typing import Any
-
-# Imported here so that the forkserver, which preloads this module, holds them ready to fork.
-import torch
 
 from queue_client.layout import DatasetLayout
 from queue_client.meta import meta_from_json, meta_to_json
@@ -53,19 +52,16 @@ from queue_server.production.priority import apply_worker_priority
 from queue_server.production.provider_init import (
     build_provider,
     check_own_inputs,
+    one_torch_thread,
     set_weight_changes,
 )
 from queue_server.production.replies import produced_reply
 
-# Last of the forkserver's preload: the objects imported so far go to the collector's
-# permanent generation, so that a worker's collections never write to (and so never copy)
-# the pages it shares with the forkserver and the other workers.
-gc.freeze()
-
 
 def run_over_socket(sock: socket.socket, cwd: str) -> None:
     """The worker's entry point: serve requests on `sock` until it closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us, not the terminal
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the server stops us, not the signal
+        signal.signal(sig, signal.SIG_IGN)
     configure_logging()
     _exit_when_server_goes(sock)
     os.chdir(cwd)  # relative paths in provider args are relative to the config file
@@ -101,10 +97,6 @@ def _exit_when_server_goes(sock: socket.socket) -> None:
 
 
 def _serve(requests: Any, replies: Any) -> None:
-    # One thread per worker: parallelism comes from worker processes, and more threads here
-    # would fight the trainer for the same cores.
-    torch.set_num_threads(1)
-
     def reply(obj: dict[str, Any]) -> None:
         replies.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
         replies.flush()
@@ -119,7 +111,9 @@ def _loop(requests: Any, reply: Any) -> None:
     session = WorkerSession()
     for line in requests:
         req = json.loads(line)
+        one_torch_thread()
         answer = session.answer(req)
+        one_torch_thread()  # the provider may have imported it (init)
         reply(answer)
         if req.get("op") == "stop" and answer.get("ok"):
             return

@@ -1,0 +1,113 @@
+"""Workers import torch only where their provider needs it: a char_lm dataset's workers and
+their forkserver never load it (most of a first start, and of the loader's memory), while a
+provider that uses torch gets it preloaded once in the forkserver for every worker to share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import char_config, process_tree
+from queue_client import QueueClient
+from queue_server.production.worker_imports import (
+    config_needs_torch,
+    providers_need_torch,
+    tables_need_torch,
+)
+
+TINY = """
+[datasets.tiny]
+provider = "bq_test_providers:TinyProvider"
+batch_size = 2
+batches_per_file = 2
+"""
+
+
+def _maps_torch(pid: int) -> bool:
+    """Whether process `pid` has torch's native library mapped (torch imported)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _forkserver(server_pid: int, workers: list[int]) -> int:
+    """The workers' forkserver: their parent (they run its command line, forked from it),
+    the server's child."""
+    (forkserver,) = {_parent(pid) for pid in workers}
+    assert _parent(forkserver) == server_pid
+    assert b"multiprocessing.forkserver" in Path(f"/proc/{forkserver}/cmdline").read_bytes()
+    return forkserver
+
+
+def _worker_pids(server, dataset: str) -> list[int]:
+    return [int(p) for p in server.split_stats(dataset, "train")["worker_pids"]]
+
+
+@pytest.mark.cold_forkserver  # the server's own forkserver, not the tests' warm one
+def test_a_char_lm_server_and_its_workers_never_load_torch(start_server, corpus: Path) -> None:
+    server = start_server(char_config(corpus, extra="workers = 2"))
+    server.wait_ready_files("chars", 2)
+    with QueueClient(server.address, "chars") as client:
+        assert client.get_batch("train")[0].shape == (4, 16)
+    workers = _worker_pids(server, "chars")
+    assert len(workers) == 2
+    tree = process_tree(server.pid)
+    assert {_forkserver(server.pid, workers), *workers} <= tree
+    loaded = sorted(pid for pid in tree if _maps_torch(pid))
+    assert loaded == [], f"processes under the server with torch loaded: {loaded}"
+
+
+@pytest.mark.cold_forkserver
+def test_a_torch_provider_gets_torch_preloaded_in_the_forkserver(
+    start_server, corpus: Path
+) -> None:
+    """One dataset whose provider uses torch (a class of the operator's own) beside char_lm:
+    the forkserver imports torch before any worker forks, so every worker shares it."""
+    server = start_server(char_config(corpus) + TINY)
+    server.wait_ready_files("chars", 1)
+    server.wait_ready_files("tiny", 1)
+    workers = _worker_pids(server, "tiny") + _worker_pids(server, "chars")
+    assert _maps_torch(_forkserver(server.pid, workers))
+    for pid in workers:
+        assert _maps_torch(pid), pid
+    assert not _maps_torch(server.pid)  # the server itself never imports torch
+
+
+@pytest.mark.parametrize(
+    ("providers", "needs"),
+    [
+        (["char_lm"], False),
+        (["char_lm", "char_lm"], False),
+        (["char_lm", "nanogpt_bin"], True),
+        (["text_lm"], True),
+        (["bq_test_providers:TinyProvider"], True),  # the operator's own class
+        ([], True),
+        ([None], True),  # a dataset without a provider: the config's error, torch as ever
+    ],
+)
+def test_torch_is_preloaded_unless_every_provider_is_torch_free(
+    providers: list[str | None], needs: bool
+) -> None:
+    assert providers_need_torch(providers) is needs
+    tables = {"datasets": {f"d{i}": {"provider": p} for i, p in enumerate(providers)}}
+    assert tables_need_torch(tables) is needs
+
+
+def test_a_config_file_decides_and_one_that_cannot_be_read_preloads_torch(
+    tmp_path: Path, corpus: Path
+) -> None:
+    assert config_needs_torch(None) is False  # the embedded default: stdlib_char, char_lm
+    chars = tmp_path / "chars.toml"
+    chars.write_text(char_config(corpus))
+    assert config_needs_torch(chars) is False
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text(char_config(corpus) + TINY)
+    assert config_needs_torch(mixed) is True
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[datasets.a\nprovider = "char_lm"\n')
+    assert config_needs_torch(broken) is True
+    assert config_needs_torch(tmp_path / "missing.toml") is True
+    assert tables_need_torch({"datasets": "not a table"}) is True
