@@ -134,6 +134,34 @@ def test_a_removed_node_moves_its_work_to_the_others(
     assert health(server, "chars") == SERVING
 
 
+def test_an_actor_that_dies_while_it_starts_is_started_again(
+    ray_cluster: RayCluster, start_server: ServerFactory, tmp_path: Path
+) -> None:
+    """An actor that dies in its first call, before its slot has made anything (killed, or its
+    node removed while the provider loads), is no provider's error: the slot starts again
+    with a new actor, and the dataset serves. It used to fail the whole dataset."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    config = (
+        "[server]\nlease_ttl_s = 30\n[datasets.s]\n"
+        f'provider = "bq_ray_providers:StartGatedProvider"\nbatch_size = 2\n'
+        f"batches_per_file = {BPF}\n{ray_keys(ray_cluster.address)}\n"
+        f'[datasets.s.args]\ngate_dir = "{gate.as_posix()}"\n'
+    )
+    server = start_server(config, data_root=tmp_path / "ray")
+    (marker,) = wait_until(
+        lambda: list(gate.glob("starting-*")), ACTOR_START_S, "train's actor to start"
+    )
+    os.kill(int(marker.name.rsplit("-", 1)[1]), signal.SIGKILL)
+    (gate / "go-start").touch()
+    got = read_batches(server, "s", 3 * BPF, tmp_path / "ray.jsonl")
+    assert positions(got) == in_order(3)
+    stats = audit(server, "s", consumed_batches={"train": positions(got)})["train"]
+    assert stats["worker_restarts"] >= 1, stats
+    assert "its Ray actor died" in server.log(), server.log_tail()
+    assert health(server, "s") == SERVING
+
+
 def test_the_whole_cluster_gone_and_back_without_a_server_restart(
     ray_head: type[RayHead], start_server: ServerFactory, corpus: Path, tmp_path: Path
 ) -> None:

@@ -116,7 +116,15 @@ class Production:
         each makes its first file as soon as it has loaded, not once the slowest has."""
 
         async def start_then_make(slot: int) -> None:
-            await self.start_slot(slot)
+            try:
+                await self.start_slot(slot)
+            except SlotDied as exc:
+                # The slot's Ray actor died while it started (its node was removed, it was
+                # killed): no error of the provider's, so not the dataset's failure either.
+                # Restarted as a death while making a file is, within max_worker_restarts.
+                self.busy.add(slot)  # no job for it meanwhile; failed() restarts it
+                self.tasks.spawn(self.restarts.failed(slot, f"start: {exc}"))
+                return
             self.kick()
 
         await asyncio.gather(*(start_then_make(slot) for slot in range(self.slots)))
