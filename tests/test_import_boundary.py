@@ -70,12 +70,23 @@ def test_import_does_not_pull_in(statement: str, forbidden: set[str]) -> None:
     assert not (loaded & forbidden), f"{statement!r} imported {sorted(loaded & forbidden)}"
 
 
+@pytest.mark.parametrize("provider", ["char_lm", "nanogpt_bin"])
 @pytest.mark.parametrize("histograms", [False, True], ids=["fifo", "curriculum"])
-def test_a_char_lm_worker_makes_files_without_torch(tmp_path: Path, histograms: bool) -> None:
-    """What a char_lm dataset's worker runs (its preload, the provider's meta and a file,
-    with a curriculum's token histograms too) never imports torch: its forkserver then
-    preloads none (production/worker_imports.py), a second or more of a first start."""
-    (tmp_path / "corpus.txt").write_text("to be or not to be, that is the question\n" * 50)
+def test_a_window_provider_worker_makes_files_without_torch(
+    tmp_path: Path, provider: str, histograms: bool
+) -> None:
+    """What a char_lm or nanogpt_bin dataset's worker runs (its preload, the provider's meta
+    and a file, with a curriculum's token histograms too) never imports torch: its forkserver
+    then preloads none (production/worker_imports.py), a second or more of a first start."""
+    import numpy as np
+
+    if provider == "char_lm":
+        (tmp_path / "corpus.txt").write_text("to be or not to be, that is the question\n" * 50)
+        args: dict[str, object] = {"input": str(tmp_path / "corpus.txt"), "block_size": 8}
+    else:
+        for split in ("train", "val"):
+            np.arange(2_000, dtype=np.uint16).__mod__(300).tofile(tmp_path / f"{split}.bin")
+        args = {"data_dir": str(tmp_path), "block_size": 8, "vocab_size": 300}
     script = tmp_path / "worker.py"
     script.write_text(
         textwrap.dedent(
@@ -85,7 +96,7 @@ def test_a_char_lm_worker_makes_files_without_torch(tmp_path: Path, histograms: 
         from queue_providers import ProviderContext, create
         ctx = ProviderContext("ds", Path({str(tmp_path / "ds")!r}), batch_size=3,
                               batches_per_file=4, histogram_field={"x" if histograms else ""!r})
-        p = create("char_lm", ctx, {{"input": {str(tmp_path / "corpus.txt")!r}, "block_size": 8}})
+        p = create({provider!r}, ctx, {args!r})
         p.set_meta(p.complete_meta())
         Path({str(tmp_path / "q")!r}).mkdir()
         assert p.produce_file("train", 0, Path({str(tmp_path / "q")!r})).size_bytes > 0

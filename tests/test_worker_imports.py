@@ -81,7 +81,8 @@ def test_a_torch_provider_gets_torch_preloaded_in_the_forkserver(
     [
         (["char_lm"], False),
         (["char_lm", "char_lm"], False),
-        (["char_lm", "nanogpt_bin"], True),
+        (["char_lm", "nanogpt_bin"], False),
+        (["char_lm", "text_lm"], True),
         (["text_lm"], True),
         (["bq_test_providers:TinyProvider"], True),  # the operator's own class
         ([], True),

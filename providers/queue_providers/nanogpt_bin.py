@@ -7,16 +7,20 @@ y = data[i+1:i+1+T] as int64. A batch file stores each window of T+1 tokens once
 file's own dtype (uint16, or uint32 past 65,536 ids). Each .bin is memory-mapped once per process and windows are
 gathered from that map; nanoGPT re-opens the map every batch, which costs a syscall per batch
 and buys nothing here since the gathered windows are copies.
+
+Files are made with numpy alone (the window starts torch's generator would draw, drawn by
+seeding.randint_draws), so a worker of a nanogpt_bin dataset never imports torch;
+sample_batch, the base class's way, still does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError
@@ -25,6 +29,10 @@ from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema
 from queue_providers.inputs import Input
 from queue_providers.remote import RemotePath, input_path, local_file, store_for
+from queue_providers.seeding import derive_seed, randint_draws
+
+if TYPE_CHECKING:
+    import torch
 
 _INT64 = np.dtype(np.int64)
 
@@ -103,7 +111,6 @@ class NanoGPTBinProvider(DataProviderBase):
         if copies:  # every split is memory-mapped at once: their local copies must fit together
             store.check_room(copies, "nanogpt_bin")
         self._maps: dict[str, np.memmap] = {}
-        self._offsets = torch.arange(block_size + 1)
 
     def _count_tokens(self, path: Path | RemotePath) -> int:
         if not path.is_file():
@@ -163,14 +170,19 @@ class NanoGPTBinProvider(DataProviderBase):
 
     def window_starts(self, split: str, rng: torch.Generator) -> torch.Tensor:
         """batch_size offsets drawn uniformly from [0, tokens - block_size), as nanoGPT does."""
+        import torch
+
         return torch.randint(
             self.tokens[split] - self.block_size, (self.batch_size,), generator=rng
         )
 
-    def rows(self, split: str, starts: torch.Tensor, dtype: np.dtype = _INT64) -> np.ndarray:
-        """The windows of T+1 ids starting at `starts`, in `dtype`, gathered in one indexing
-        of the map; ValueError naming the file if an id is not below vocab_size."""
-        rows = self.data(split)[(starts.unsqueeze(1) + self._offsets).numpy()]
+    def rows(
+        self, split: str, starts: np.ndarray | torch.Tensor, dtype: np.dtype = _INT64
+    ) -> np.ndarray:
+        """The windows of T+1 ids starting at `starts`, in `dtype`, each copied from the map
+        in one piece; ValueError naming the file if an id is not below vocab_size."""
+        index = starts if isinstance(starts, np.ndarray) else starts.numpy()
+        rows = sliding_window_view(self.data(split), self.block_size + 1)[index]
         top = int(rows.max())
         if top >= self.vocab_size:
             raise ValueError(
@@ -180,6 +192,8 @@ class NanoGPTBinProvider(DataProviderBase):
 
     def windows(self, split: str, starts: torch.Tensor) -> dict[str, torch.Tensor]:
         """x and y (int64) for windows starting at `starts`."""
+        import torch
+
         windows = torch.from_numpy(self.rows(split, starts))
         return {"x": windows[:, :-1], "y": windows[:, 1:]}
 
@@ -188,14 +202,14 @@ class NanoGPTBinProvider(DataProviderBase):
 
     def make_file(self, split: str, seq: int) -> EncodedBatchFile:
         """The file the base class makes from sample_batch, byte for byte, without widening:
-        the same window starts, gathered from the map straight into the stored window
-        (format 2 and later), at a fraction of the CPU of int64 x and y stacked, checked and
-        narrowed again."""
+        the same window starts (file_rng's, drawn without torch), gathered from the map
+        straight into the stored window (format 2 and later), at a fraction of the CPU of
+        int64 x and y stacked, checked and narrowed again."""
         dtype = self.window_dtype(split)
         if dtype is None:
             return super().make_file(split, seq)
-        rng = self.file_rng(split, seq)
         n, b, t = self.context.batches_per_file, self.batch_size, self.block_size
-        starts = torch.cat([self.window_starts(split, rng) for _ in range(n)])
+        seed = derive_seed(self.context.seed, split, seq)  # file_rng's
+        starts = randint_draws(seed, self.tokens[split] - t, n * b)
         rows = self.rows(split, starts, dtype).reshape(n, b, t + 1)
-        return self.encode_windows(split, seq, torch.from_numpy(rows))
+        return self.encode_windows(split, seq, rows)

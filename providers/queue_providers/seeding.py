@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -88,7 +89,9 @@ def randint_draws(seed: int, high: int, count: int) -> np.ndarray:
     _check_seed(seed)
     if not 0 < high < 1 << 63:
         raise ValueError(f"high must lie in [1, 2**63), got {high!r}")
-    twister = np.random.MT19937()
+    twister = getattr(_twisters, "twister", None)
+    if twister is None:  # one per thread, made once: a new one seeds itself from the OS
+        twister = _twisters.twister = np.random.MT19937(0)
     words = mt19937_words(seed).astype(np.uint32)
     twister.state = {"bit_generator": "MT19937", "state": {"key": words, "pos": _MT_WORDS}}
     if high < _ONE_WORD_BELOW:
@@ -96,6 +99,9 @@ def randint_draws(seed: int, high: int, count: int) -> np.ndarray:
     pairs = twister.random_raw(2 * count).reshape(count, 2)
     wide = (pairs[:, 0] << np.uint64(32)) | pairs[:, 1]
     return (wide % np.uint64(high)).astype(np.int64)
+
+
+_twisters = threading.local()
 
 
 def _check_seed(seed: int) -> None:

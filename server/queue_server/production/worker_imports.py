@@ -3,7 +3,7 @@ before anything else of the server is imported.
 
 torch is most of a worker's start (a second or more of CPU) and of its memory. Preloaded in
 the forkserver, every worker shares it; a provider that makes its files without it (char_lm)
-is better off with none at all. So the forkserver preloads torch unless every dataset's
+is better off with none at all (char_lm and nanogpt_bin draw their windows with numpy). So the forkserver preloads torch unless every dataset's
 provider is one of TORCH_FREE_PROVIDERS. A config this cannot read, or one naming any other
 provider (a class of the operator's own among them), gets torch: a wrong guess costs time and
 memory, never correctness (a worker imports what its provider needs), and the config's own
@@ -33,7 +33,7 @@ __all__ = [
 
 # Built-in providers whose workers make files without importing torch. A curriculum split's
 # composer imports torch in its own process either way.
-TORCH_FREE_PROVIDERS = frozenset({"char_lm"})
+TORCH_FREE_PROVIDERS = frozenset({"char_lm", "nanogpt_bin"})
 
 
 def providers_need_torch(providers: Iterable[object]) -> bool:
