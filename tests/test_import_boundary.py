@@ -70,12 +70,12 @@ def test_import_does_not_pull_in(statement: str, forbidden: set[str]) -> None:
     assert not (loaded & forbidden), f"{statement!r} imported {sorted(loaded & forbidden)}"
 
 
-@pytest.mark.parametrize("provider", ["char_lm", "nanogpt_bin"])
+@pytest.mark.parametrize("provider", ["char_lm", "nanogpt_bin", "token_shards"])
 @pytest.mark.parametrize("histograms", [False, True], ids=["fifo", "curriculum"])
 def test_a_window_provider_worker_makes_files_without_torch(
     tmp_path: Path, provider: str, histograms: bool
 ) -> None:
-    """What a char_lm or nanogpt_bin dataset's worker runs (its preload, the provider's meta
+    """What a char_lm, nanogpt_bin or token_shards (window order) dataset's worker runs (its preload, the provider's meta
     and a file, with a curriculum's token histograms too) never imports torch: its forkserver
     then preloads none (production/worker_imports.py), a second or more of a first start."""
     import numpy as np
@@ -87,6 +87,8 @@ def test_a_window_provider_worker_makes_files_without_torch(
         for split in ("train", "val"):
             np.arange(2_000, dtype=np.uint16).__mod__(300).tofile(tmp_path / f"{split}.bin")
         args = {"data_dir": str(tmp_path), "block_size": 8, "vocab_size": 300}
+        if provider == "token_shards":  # window order, both samplings' code: epoch here
+            args = {"inputs": [str(tmp_path / "train.bin")], "block_size": 8, "vocab_size": 300}
     script = tmp_path / "worker.py"
     script.write_text(
         textwrap.dedent(

@@ -12,7 +12,7 @@ from conftest import char_config, process_tree
 from queue_client import QueueClient
 from queue_server.production.worker_imports import (
     config_needs_torch,
-    providers_need_torch,
+    datasets_need_torch,
     tables_need_torch,
 )
 
@@ -77,23 +77,28 @@ def test_a_torch_provider_gets_torch_preloaded_in_the_forkserver(
 
 
 @pytest.mark.parametrize(
-    ("providers", "needs"),
+    ("datasets", "needs"),
     [
-        (["char_lm"], False),
-        (["char_lm", "char_lm"], False),
-        (["char_lm", "nanogpt_bin"], False),
-        (["char_lm", "text_lm"], True),
-        (["text_lm"], True),
-        (["bq_test_providers:TinyProvider"], True),  # the operator's own class
+        ([("char_lm", None)], False),
+        ([("char_lm", {}), ("char_lm", {"block_size": 8})], False),
+        ([("char_lm", None), ("nanogpt_bin", {"data_dir": "d"})], False),
+        ([("token_shards", {"inputs": ["a.bin"]})], False),  # window order, the default
+        ([("token_shards", {"order": "windows"})], False),
+        ([("token_shards", {"order": "documents"})], True),  # encoded through torch
+        ([("char_lm", None), ("text_lm", None)], True),
+        ([("bq_test_providers:TinyProvider", None)], True),  # the operator's own class
+        ([("char_lm", "not a table")], True),
         ([], True),
-        ([None], True),  # a dataset without a provider: the config's error, torch as ever
+        ([(None, None)], True),  # a dataset without a provider: the config's error
     ],
 )
-def test_torch_is_preloaded_unless_every_provider_is_torch_free(
-    providers: list[str | None], needs: bool
+def test_torch_is_preloaded_unless_every_dataset_is_torch_free(
+    datasets: list[tuple[object, object]], needs: bool
 ) -> None:
-    assert providers_need_torch(providers) is needs
-    tables = {"datasets": {f"d{i}": {"provider": p} for i, p in enumerate(providers)}}
+    assert datasets_need_torch(datasets) is needs
+    tables = {
+        "datasets": {f"d{i}": {"provider": p, "args": a} for i, (p, a) in enumerate(datasets)}
+    }
     assert tables_need_torch(tables) is needs
 
 

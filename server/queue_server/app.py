@@ -36,7 +36,7 @@ from queue_server.config.server import ServerConfig, parse_listen
 from queue_server.dataset import FAILED, SERVING, DatasetRuntime
 from queue_server.production import ray_connect
 from queue_server.production.forkserver_start import start_forkserver
-from queue_server.production.worker_imports import providers_need_torch
+from queue_server.production.worker_imports import datasets_need_torch
 from queue_server.root_lock import DataRootLock
 from queue_server.rpc.auth import TokenInterceptor
 from queue_server.rpc.fetch_streams import FetchStreams
@@ -172,7 +172,7 @@ class QueueServer:
         await asyncio.to_thread(self._root_lock.acquire)  # before anything touches the root
         # Workers fork from a forkserver (that imports torch where they need it): it starts now,
         # beside our own start, unless the command started it already.
-        preload_torch = providers_need_torch(d.provider for d in cfg.datasets)
+        preload_torch = datasets_need_torch((d.provider, d.args) for d in cfg.datasets)
         await asyncio.to_thread(start_forkserver, preload_torch)
         self.root_id = await asyncio.to_thread(ensure_root_id, cfg.data_root)
         if not listen.is_loopback:

@@ -11,11 +11,15 @@ corpus's: a file's rows lie in one or two consecutive shards of the epoch's orde
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from queue_providers.token_shards.corpus import CorpusIndex
 from queue_providers.token_shards.order import EpochOrder
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ShardStream:
@@ -107,6 +111,8 @@ def packed_fields(
     labels = tokens[:, 1:].copy()
     labels[last[:, :-1]] = IGNORE
     segments = docs[:, :-1] - docs[:, :1] + 1
+    import torch  # document rows go through the codec's torch encoding
+
     return {
         "input_ids": torch.from_numpy(tokens[:, :-1].astype(np.int32)),
         "labels": torch.from_numpy(labels.astype(np.int32)),

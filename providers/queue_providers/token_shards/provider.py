@@ -18,21 +18,24 @@ mtime (or the manifest's checksums), so start-up and memory do not grow with the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from queue_client.errors import ConfigError
 from queue_client.schema import token_dtype_name
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema, packed_lm_schema
 from queue_providers.remote import store_for
+from queue_providers.seeding import derive_seed, randint_draws
 from queue_providers.token_shards.corpus import CorpusIndex
 from queue_providers.token_shards.discover import FORMATS, Found, discover
 from queue_providers.token_shards.documents import IGNORE, DocumentOrder, packed_fields
 from queue_providers.token_shards.order import EpochOrder
 from queue_providers.token_shards.shard import ShardReader
+
+if TYPE_CHECKING:
+    import torch
 
 # GPT-2's vocabulary: nanoGPT's and llm.c's default, for uint16 corpora that name none.
 GPT2_VOCAB_SIZE = 50257
@@ -210,18 +213,16 @@ class TokenShardsProvider(DataProviderBase):
             return self._made_by_base(split, seq)
         if self.sampling == "epoch":
             shard, start = corpus.locate(self.orders[split].windows(rows))
-        else:
-            rng = self.file_rng(split, seq)
-            b = self.batch_size
-            drawn = [
-                torch.randint(corpus.n_starts, (b,), generator=rng) for _ in range(len(rows) // b)
-            ]
-            shard, start = corpus.locate_start(torch.cat(drawn).numpy())
+        else:  # file_rng's draws, batch after batch, drawn without torch
+            seed = derive_seed(self.context.seed, split, seq)
+            shard, start = corpus.locate_start(randint_draws(seed, corpus.n_starts, len(rows)))
         dtype = self.window_dtype(split)
         if dtype is not None:
             shape = (self.context.batches_per_file, self.batch_size, self.block_size + 1)
             windows = self.gather(split, shard, start, dtype).reshape(shape)
-            return self.encode_windows(split, seq, torch.from_numpy(windows))
+            return self.encode_windows(split, seq, windows)
+        import torch  # the served fields of an old format, as the base class makes them
+
         self._file_rows[split] = [xy(torch.from_numpy(self.gather(split, shard, start))), 0]
         return self._made_by_base(split, seq)
 
@@ -252,6 +253,8 @@ class TokenShardsProvider(DataProviderBase):
             planned[1] = at + self.batch_size
             return {name: v[at : at + self.batch_size] for name, v in fields.items()}
         # nanoGPT's draw (also for corpus statistics, which sample outside a file)
+        import torch
+
         corpus = self.corpora[split]
         drawn = torch.randint(corpus.n_starts, (self.batch_size,), generator=rng).numpy()
         return xy(torch.from_numpy(self.gather(split, *corpus.locate_start(drawn))))
@@ -270,6 +273,8 @@ class TokenShardsProvider(DataProviderBase):
             tokens[at] = self._reader(split, shard).take(source)
             self._check_ids(split, shard, tokens[at])
         if not self.document_fields:
+            import torch  # document rows go through the base class's torch way
+
             return xy(torch.from_numpy(tokens))
         assert self.eos_id is not None
         where = {int(s): self.corpora[split].shards[int(s)].shown for s in np.unique(shards)}

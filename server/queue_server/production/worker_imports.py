@@ -1,13 +1,14 @@
-"""Whether the workers' forkserver preloads torch, decided from the config's provider names
+"""Whether the workers' forkserver preloads torch, decided from the config's datasets
 before anything else of the server is imported.
 
 torch is most of a worker's start (a second or more of CPU) and of its memory. Preloaded in
-the forkserver, every worker shares it; a provider that makes its files without it (char_lm)
-is better off with none at all (char_lm and nanogpt_bin draw their windows with numpy). So the forkserver preloads torch unless every dataset's
-provider is one of TORCH_FREE_PROVIDERS. A config this cannot read, or one naming any other
-provider (a class of the operator's own among them), gets torch: a wrong guess costs time and
-memory, never correctness (a worker imports what its provider needs), and the config's own
-errors are reported where the config is parsed.
+the forkserver, every worker shares it; a provider that makes its files without it is better
+off with none at all: char_lm, nanogpt_bin and token_shards in window order draw and gather
+their windows with numpy. So the forkserver preloads torch unless every dataset is one of
+TORCH_FREE_PROVIDERS with args that keep it so. A config this cannot read, or one naming any
+other provider (a class of the operator's own among them), gets torch: a wrong guess costs
+time and memory, never correctness (a worker imports what its provider needs), and the
+config's own errors are reported where the config is parsed.
 """
 
 from __future__ import annotations
@@ -27,28 +28,44 @@ else:  # pragma: no cover
 __all__ = [
     "TORCH_FREE_PROVIDERS",
     "config_needs_torch",
-    "providers_need_torch",
+    "datasets_need_torch",
     "tables_need_torch",
 ]
 
-# Built-in providers whose workers make files without importing torch. A curriculum split's
-# composer imports torch in its own process either way.
-TORCH_FREE_PROVIDERS = frozenset({"char_lm", "nanogpt_bin"})
+# Built-in providers whose workers make files without importing torch, and for each the args
+# under which it does not (token_shards' document order encodes through torch). A curriculum
+# split's composer imports torch in its own process either way.
+TORCH_FREE_PROVIDERS: dict[str, dict[str, object]] = {
+    "char_lm": {},
+    "nanogpt_bin": {},
+    "token_shards": {"order": "windows"},
+}
 
 
-def providers_need_torch(providers: Iterable[object]) -> bool:
-    """False only for some providers, each of them torch-free."""
-    names = list(providers)
-    return not names or any(name not in TORCH_FREE_PROVIDERS for name in names)
+def datasets_need_torch(datasets: Iterable[tuple[object, object]]) -> bool:
+    """False only for some datasets, (provider, args) each, all of them torch-free: a
+    provider of TORCH_FREE_PROVIDERS whose args are as its entry there says (or unset)."""
+    pairs = list(datasets)
+    return not pairs or any(_needs_torch(provider, args) for provider, args in pairs)
+
+
+def _needs_torch(provider: object, args: object) -> bool:
+    free_when = TORCH_FREE_PROVIDERS.get(provider) if isinstance(provider, str) else None
+    if free_when is None or not isinstance(args, Mapping | None):
+        return True
+    given = args or {}
+    return any(given.get(key, value) != value for key, value in free_when.items())
 
 
 def tables_need_torch(tables: Mapping[str, Any]) -> bool:
-    """providers_need_torch of a config's tables ({"datasets": {NAME: {"provider": ...}}})."""
+    """datasets_need_torch of a config's tables ({"datasets": {NAME: {"provider": ...,
+    "args": {...}}}})."""
     datasets = tables.get("datasets")
     if not isinstance(datasets, Mapping):
         return True
-    return providers_need_torch(
-        table.get("provider") if isinstance(table, Mapping) else None for table in datasets.values()
+    return datasets_need_torch(
+        (table.get("provider"), table.get("args")) if isinstance(table, Mapping) else (None, None)
+        for table in datasets.values()
     )
 
 
