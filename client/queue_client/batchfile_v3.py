@@ -135,9 +135,8 @@ def _dtype_and_bytes(table: str, name: str, t: object) -> tuple[str, np.ndarray]
         if torch is None or not isinstance(t, torch.Tensor):
             raise ValueError(f"{table} entry {name!r} is not a tensor under a str name")
         dtype = str(t.dtype).removeprefix("torch.")
-        if dtype not in ITEMSIZE:
-            raise ValueError(f"{table} tensor {name!r} has dtype {dtype}, not one of {DTYPES}")
-        array = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        if dtype in ITEMSIZE:  # its bytes as uint8: numpy may lack the dtype (bfloat16)
+            array = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
     if dtype not in ITEMSIZE:
         raise ValueError(f"{table} tensor {name!r} has dtype {dtype}, not one of {DTYPES}")
     return dtype, np.ascontiguousarray(array).reshape(-1).view(np.uint8)

@@ -1,7 +1,7 @@
 """The code that runs inside a provider worker process, driven over a socket by the server.
 
 Workers are forked from a forkserver that imported this module (and torch, where a dataset's
-provider needs it: forkserver_start.py) once, so a worker starts in milliseconds rather than
+provider needs it: worker_imports.py) once, so a worker starts in milliseconds rather than
 seconds, and no worker inherits the server's gRPC threads.
 The server writes one JSON request per line and reads one JSON reply per line. Requests:
 
