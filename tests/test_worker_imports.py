@@ -117,3 +117,40 @@ def test_a_config_file_decides_and_one_that_cannot_be_read_preloads_torch(
     assert config_needs_torch(broken) is True
     assert config_needs_torch(tmp_path / "missing.toml") is True
     assert tables_need_torch({"datasets": "not a table"}) is True
+
+
+@pytest.mark.cold_forkserver
+def test_a_serve_block_of_char_lm_loads_no_torch_either(tmp_path: Path, corpus: Path) -> None:
+    """serve()'s child decides from its spec as `queue-server` does from --config."""
+    import os
+
+    from queue_server import serve
+
+    with serve(char_config(corpus), data_root=tmp_path / "data") as address:
+        with QueueClient(address, "chars") as client:
+            client.get_batch("train")
+        (child,) = [
+            pid
+            for pid in process_tree(os.getpid())
+            if b"serve_child" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        tree = process_tree(child)
+        assert len(tree) >= 3  # the child, its forkserver, a worker
+        loaded = sorted(pid for pid in tree if _maps_torch(pid))
+        assert loaded == [], f"processes under serve()'s child with torch loaded: {loaded}"
+
+
+def test_a_faulty_config_argument_gets_the_commands_own_usage() -> None:
+    """`queue-server` peeks at --config before anything else to decide on torch; a fault in
+    the arguments is still reported by the command itself, with its whole usage."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "queue_server", "--config"],
+        capture_output=True, text=True, timeout=120, env=subprocess_env(),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "--data-root" in proc.stderr and "--config: expected one argument" in proc.stderr

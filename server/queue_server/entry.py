@@ -41,7 +41,11 @@ def _config_needs_torch(args: list[str]) -> bool:
 
     from queue_server.production.worker_imports import config_needs_torch
 
-    parser = argparse.ArgumentParser(add_help=False)
+    # Only a peek: any fault in the arguments is the command's own to report, with its usage.
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     parser.add_argument("--config", type=Path)
-    known, _ = parser.parse_known_args(args)
+    try:
+        known, _ = parser.parse_known_args(args)
+    except argparse.ArgumentError:
+        return True
     return config_needs_torch(known.config)
