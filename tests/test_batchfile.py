@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queue_client import batchfile as bf
+from queue_client import checksum
 from queue_client.batchfile import (
     BatchFileName,
     encode_batch_file,
@@ -158,6 +159,62 @@ def test_encoded_bytes_load_back(tmp_path: Path) -> None:
     assert torch.equal(loaded.tensors["x"], _tensors()["x"])
     assert torch.equal(loaded.extras["h"], hist)
     assert loaded.metadata["seq"] == 5
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.binary(max_size=70_000), start=st.integers(0, 2**32 - 1))
+def test_the_checksum_is_zlibs_crc32(data: bytes, start: int) -> None:
+    """Files are hashed by zlib-ng where it is installed (it is a dependency): the values are
+    zlib's, so files written or checked by either agree, also hashed in pieces."""
+    assert checksum.IMPLEMENTATION == "zlib_ng.zlib_ng"
+    assert checksum.crc32(data) == zlib.crc32(data)
+    assert checksum.crc32(data, start) == zlib.crc32(data, start)
+    cut = len(data) // 3
+    assert checksum.crc32(data[cut:], checksum.crc32(data[:cut])) == zlib.crc32(data)
+
+
+def test_without_zlib_ng_the_checksum_is_zlibs_own() -> None:
+    """Where zlib-ng cannot be installed the same values come from zlib (a fresh interpreter
+    in which importing zlib_ng fails)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, zlib; sys.modules['zlib_ng'] = None\n"
+        "from queue_client import checksum\n"
+        "assert checksum.IMPLEMENTATION == 'zlib', checksum.IMPLEMENTATION\n"
+        "assert checksum.crc32(b'batchqueue', 7) == zlib.crc32(b'batchqueue', 7)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _mapped_kib(path: Path) -> int:
+    """The resident KiB of this process's map of `path` (its page-table entries)."""
+    found, rss = False, 0
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line
+            found = line.endswith(str(path))
+        elif found and line.startswith("Rss:"):
+            rss += int(line.split()[1])
+    return rss
+
+
+def test_a_checked_load_hashes_its_own_map_and_refuses_other_bytes(tmp_path: Path) -> None:
+    """With the server's crc32 the file is hashed through the map its tensors view, so every
+    page is mapped once it loads (the client skips its own page touching then); a crc32 that
+    differs raises CorruptBatchFile naming the file and both values."""
+    big = {"x": torch.arange(3 * 2 * 50_000, dtype=torch.int64).view(3, 2, 50_000)}
+    published = write_batch_file(tmp_path, seq=1, tensors=big, metadata={})
+    path = tmp_path / str(published.name)
+    loaded = load_batch_file(path, crc32=published.crc32)
+    assert torch.equal(loaded.tensors["x"], big["x"])
+    if Path("/proc/self/smaps").exists():  # (an unchecked map may be resident as well:
+        # the kernel maps a large folio of the page cache whole on one fault)
+        assert _mapped_kib(path) * 1024 >= published.size_bytes - 4096
+    wrong = published.crc32 ^ 1
+    with pytest.raises(CorruptBatchFile, match=rf"{published.name} has crc32 .*{wrong:#010x}"):
+        load_batch_file(path, crc32=wrong)
 
 
 def test_publish_into_a_missing_directory_names_it(tmp_path: Path) -> None:

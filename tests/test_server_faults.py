@@ -141,6 +141,8 @@ def test_crc_mismatch_is_detected(shared) -> None:
         _, y = client.get_batch("train")
         assert torch.equal(y, expected)
     assert server.split_stats("crc")["quarantined_files"] == 1
+    reason = server.data_root / "crc" / "quarantine" / "train" / f"{path.name}.reason.txt"
+    assert "has crc32" in reason.read_text()
 
 
 def test_dataset_dir_built_from_another_config_is_refused_not_deleted(

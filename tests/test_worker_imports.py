@@ -154,3 +154,64 @@ def test_a_faulty_config_argument_gets_the_commands_own_usage() -> None:
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "--data-root" in proc.stderr and "--config: expected one argument" in proc.stderr
+
+
+EMBEDDER = """
+import asyncio, dataclasses, pathlib, sys
+
+from queue_server.app import create_server
+from queue_server.config.server import load_config
+
+config = dataclasses.replace(
+    load_config(pathlib.Path(sys.argv[1])), data_root=pathlib.Path(sys.argv[2]),
+    listen="127.0.0.1:0",
+)
+
+async def main():
+    server, address = await create_server(config)
+    print(address, flush=True)
+    await asyncio.to_thread(sys.stdin.readline)  # until the test has looked
+    await server.stop()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.cold_forkserver
+@pytest.mark.parametrize("with_torch_provider", [False, True], ids=["char_lm", "and-a-torch-one"])
+def test_an_embedder_of_queue_server_gets_the_same_decision(
+    tmp_path: Path, corpus: Path, with_torch_provider: bool
+) -> None:
+    """A program that starts a QueueServer itself (create_server, neither `queue-server` nor
+    serve()) gets its forkserver decided from the config in QueueServer.start."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    config = tmp_path / "embedded.toml"
+    config.write_text(char_config(corpus) + (TINY if with_torch_provider else ""))
+    with subprocess.Popen(
+        [sys.executable, "-c", EMBEDDER, str(config), str(tmp_path / "data")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=subprocess_env(),
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            address = proc.stdout.readline().strip()
+            assert address, "the embedder did not start its server"
+            with QueueClient(address, "chars") as client:
+                client.get_batch("train")
+            (forkserver,) = [  # the embedder's child (its workers run its command line too)
+                pid
+                for pid in process_tree(proc.pid)
+                if _parent(pid) == proc.pid
+                and b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ]
+            assert _maps_torch(forkserver) is with_torch_provider
+            assert not _maps_torch(proc.pid)  # the embedder's server imports no torch itself
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()

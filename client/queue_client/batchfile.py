@@ -24,14 +24,13 @@ import mmap
 import os
 import re
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from queue_client import batchfile_torch, batchfile_v3
+from queue_client import batchfile_torch, batchfile_v3, checksum
 from queue_client.errors import BatchQueueError, CorruptBatchFile
 
 # META_FILE, TMP_PREFIX and the name checks are re-exported, and the *_dir functions below
@@ -158,7 +157,7 @@ def encode_batch_file(
         data = batchfile_torch.encode(
             FORMAT_NAME, version, full, _as_tensors(tensors), _as_tensors(extras or {}) or None
         )
-    return EncodedBatchFile(seq, num_batches, data, zlib.crc32(data))
+    return EncodedBatchFile(seq, num_batches, data, checksum.crc32(data))
 
 
 def _as_tensors(tables: Mapping[str, Any]) -> dict[str, Any]:
@@ -202,7 +201,7 @@ def scan_queue(directory: Path) -> list[BatchFileName]:
 
 
 def file_crc32(path: Path) -> int:
-    """crc32 of a whole file, read through a map (zlib releases the GIL while it hashes).
+    """crc32 of a whole file, read through a map (the hash releases the GIL).
 
     Hashing also faults every page in, so the first batches of a prefetched file cost no I/O.
     """
@@ -211,7 +210,7 @@ def file_crc32(path: Path) -> int:
         if size == 0:
             return 0
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return zlib.crc32(mm)
+            return checksum.crc32(mm)
 
 
 @dataclass(frozen=True)
@@ -264,10 +263,14 @@ def _parse_schema(raw: Any) -> tuple[FieldSpec, ...]:
     return schema
 
 
-def load_batch_file(path: Path) -> BatchFile:
+def load_batch_file(path: Path, *, crc32: int | None = None) -> BatchFile:
     """Map a batch file copy-on-write: its tensors are views of the page cache, and writing
     into one never changes the file. Raises CorruptBatchFile naming the file and the fault,
-    and FileNotFoundError for a file that is gone (also one deleted while it is opened)."""
+    and FileNotFoundError for a file that is gone (also one deleted while it is opened).
+
+    With `crc32` (what the server recorded for the file), the bytes are checked first,
+    hashed through the very map the tensors view: one map per file, and the hash leaves its
+    pages mapped, so the first batches read from it take no page faults."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -281,10 +284,17 @@ def load_batch_file(path: Path) -> BatchFile:
         raise
     except (OSError, ValueError) as exc:
         raise CorruptBatchFile(f"{path}: cannot be read: {type(exc).__name__}: {exc}") from None
+    if crc32 is not None:
+        _check_crc32(path, crc32, file_crc32(path) if mm is None else checksum.crc32(mm))
     if mm is None:
         return _checked(batchfile_torch.load_path(Path(path)), path)
     layout = batchfile_v3.parse(mm, str(path), FORMAT_VERSION)
     return _from_layout(layout, _byte_tensor(mm), layout.data_start, path)
+
+
+def _check_crc32(path: Path, recorded: int, found: int) -> None:
+    if found != recorded:
+        raise CorruptBatchFile(f"{path} has crc32 {found:#010x}, the server wrote {recorded:#010x}")
 
 
 def load_batch_bytes(data: bytes, where: str) -> BatchFile:

@@ -25,9 +25,9 @@ import contextlib
 import logging
 import random
 import time
-import zlib
 from pathlib import Path
 
+from queue_client import checksum
 from queue_client.errors import CorruptBatchFile, InvalidRequest, ServerBusy
 from queue_client.layout import root_id_file
 from queue_client.rpc import Rpc
@@ -143,7 +143,7 @@ class FileFetcher:
                         f"follow the {received} of {size_bytes} bytes received"
                     )
                 parts.append(data)
-                crc = zlib.crc32(data, crc)
+                crc = checksum.crc32(data, crc)
                 received += n
         if received != size_bytes:
             raise CorruptBatchFile(

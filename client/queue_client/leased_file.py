@@ -85,6 +85,8 @@ def open_leased(
     except errors.SchemaMismatch as exc:
         raise errors.SchemaMismatch(f"{where}: {exc}") from None
     tensors = [batch_file.stored[name] for name in codec.stored_names]
-    if not streamed:  # streamed tensors were just written: their pages are in memory
+    # Streamed tensors were just written, and a verified file's map was read by its hash:
+    # either way their pages are mapped already.
+    if not streamed and not source.verify_checksums:
         prefault(tensors)
     return LoadedFile(ref, lease.seq, lease.num_batches, lease.batch_size, codec, tensors)
