@@ -14,7 +14,8 @@ a local worker process and 2 actors against 1, 12 text_lm with tiktoken against 
 BPE of the same vocabulary, each beside its raw encoder, 13 a restart after 200,000 files
 served against a start on a fresh root, 14 token_shards beside a numpy read of its windows and
 its start at 1 TiB beside 100 MB, 15 launch to SERVING and to the first batch and the
-loader's PSS, beside Grain with 2 workers (extra `peers`).
+loader's PSS, beside Grain with 2 workers (extra `peers`), 16 a mixture of three
+pre-tokenized corpora making its files beside one of them alone.
 The suite starts and stops its own servers, in a temp directory it removes at the end.
 """
 
@@ -37,6 +38,7 @@ from bench import (
     first_batch,
     journal_restart,
     memory,
+    mixture,
     providers,
     ray_production,
     rpc,
@@ -67,6 +69,7 @@ MODULES = [
     (("13",), journal_restart, "restart after 200k files served vs a fresh root"),
     (("14",), token_shards, "token_shards: tokens/s per worker vs a numpy read; start at 1 TiB"),
     (("15",), startup, "launch to first batch and loader PSS vs Grain"),
+    (("16",), mixture, "a mixture of pre-tokenized corpora: make_file vs one source alone"),
 ]
 ALL_ROWS = [row for rows, _, _ in MODULES for row in rows]
 # --only also takes a module's name for its rows.

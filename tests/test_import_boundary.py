@@ -109,6 +109,44 @@ def test_a_window_provider_worker_makes_files_without_torch(
     assert "queue_providers" in loaded and "torch" not in loaded
 
 
+def test_a_mixture_of_window_sources_makes_files_without_torch(tmp_path: Path) -> None:
+    """A mixture whose sources are window providers copies their stored rows with numpy:
+    its worker imports no torch either, nor text_lm (which a mixture checks tokenizers of)."""
+    import numpy as np
+
+    np.arange(3_000, dtype=np.uint16).__mod__(300).tofile(tmp_path / "a.bin")
+    np.arange(5, 3_005, dtype=np.uint16).__mod__(300).tofile(tmp_path / "train.bin")
+    sources = [
+        {"name": "a", "provider": "token_shards", "weight": 0.5,
+         "args": {"inputs": [str(tmp_path / "a.bin")], "block_size": 8, "vocab_size": 300}},
+        {"name": "b", "provider": "token_shards", "weight": 0.5,
+         "args": {"inputs": [str(tmp_path / "train.bin")], "block_size": 8, "vocab_size": 300,
+                  "sampling": "random"}},
+    ]  # fmt: skip
+    script = tmp_path / "worker.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+        import queue_server.production.worker_main
+        from pathlib import Path
+        from queue_providers import ProviderContext, create
+        ctx = ProviderContext("mix", Path({str(tmp_path / "mix")!r}), batch_size=3,
+                              batches_per_file=4)
+        p = create("mixture", ctx, {{"sources": {sources!r}}})
+        p.set_meta(p.complete_meta())
+        assert p.copies_stored_rows("train")
+        Path({str(tmp_path / "q")!r}).mkdir()
+        for seq in range(3):
+            assert p.produce_file("train", seq, Path({str(tmp_path / "q")!r})).size_bytes > 0
+        import sys
+        assert "queue_providers.text_lm" not in sys.modules
+        """
+        )
+    )
+    loaded = _modules_after(f"exec(open({str(script)!r}).read())")
+    assert "queue_providers" in loaded and "torch" not in loaded
+
+
 def test_probe_detects_forbidden_imports() -> None:
     """Control: the probe does report a forbidden package when something imports it."""
     assert {"uvloop", "queue_server"} <= _modules_after("import queue_client, uvloop, queue_server")

@@ -61,6 +61,34 @@ def test_a_char_lm_server_and_its_workers_never_load_torch(start_server, corpus:
 
 
 @pytest.mark.cold_forkserver
+def test_a_mixture_of_token_shards_and_its_workers_never_load_torch(
+    start_server, tmp_path: Path
+) -> None:
+    """A weighted mixture of pre-tokenized corpora copies its sources' stored rows: its
+    forkserver preloads no torch and no worker imports it."""
+    import numpy as np
+
+    config = "[datasets.mix]\nbatch_size = 2\nbatches_per_file = 3\nworkers = 2\n"
+    for i, weight in enumerate((0.7, 0.3)):
+        path = tmp_path / f"c{i}.bin"
+        (np.arange(2_000, dtype=np.uint16) * (i + 3) % 300).tofile(path)
+        config += (
+            f'[datasets.mix.sources.c{i}]\nprovider = "token_shards"\nweight = {weight}\n'
+            f"[datasets.mix.sources.c{i}.args]\n"
+            f'inputs = ["{path.as_posix()}"]\nblock_size = 8\nvocab_size = 300\n'
+        )
+    server = start_server(config)
+    server.wait_ready_files("mix", 2)
+    with QueueClient(server.address, "mix") as client:
+        assert set(client.get_batch("train")) == {"x", "y", "source"}
+    workers = _worker_pids(server, "mix")
+    tree = process_tree(server.pid)
+    assert {_forkserver(server.pid, workers), *workers} <= tree
+    loaded = sorted(pid for pid in tree if _maps_torch(pid))
+    assert loaded == [], f"processes under the server with torch loaded: {loaded}"
+
+
+@pytest.mark.cold_forkserver
 def test_a_torch_provider_gets_torch_preloaded_in_the_forkserver(
     start_server, corpus: Path
 ) -> None:
@@ -100,6 +128,34 @@ def test_torch_is_preloaded_unless_every_dataset_is_torch_free(
         "datasets": {f"d{i}": {"provider": p, "args": a} for i, (p, a) in enumerate(datasets)}
     }
     assert tables_need_torch(tables) is needs
+
+
+def _source(provider: object, args: object = None) -> dict[str, object]:
+    return {"name": "s", "weight": 1.0, "provider": provider, "args": args}
+
+
+@pytest.mark.parametrize(
+    ("sources", "needs"),
+    [
+        ([_source("nanogpt_bin"), _source("token_shards", {"order": "windows"})], False),
+        ([_source("char_lm")], False),
+        ([_source("nanogpt_bin"), _source("text_lm")], True),  # text_lm encodes with torch
+        ([_source("token_shards", {"order": "documents"})], True),
+        ([], True),
+        (["not a table"], True),
+        ("not a list", True),
+    ],
+)
+def test_a_mixture_of_torch_free_sources_is_torch_free(sources: object, needs: bool) -> None:
+    """A mixture copies its sources' stored rows (mixture/provider.py): torch-free where
+    they all are, read from the parsed config (a `mixture` provider with a list of sources)
+    and from the TOML tables (a dataset with a table of `sources` tables)."""
+    assert datasets_need_torch([("mixture", {"sources": sources})]) is needs
+    if isinstance(sources, list):
+        tables = {f"s{i}": s for i, s in enumerate(sources)}
+        assert tables_need_torch({"datasets": {"mix": {"sources": tables}}}) is needs
+    # A table of sources that also names a provider is the config's error: torch, to be safe.
+    assert tables_need_torch({"datasets": {"mix": {"provider": "x", "sources": {}}}}) is True
 
 
 def test_a_config_file_decides_and_one_that_cannot_be_read_preloads_torch(

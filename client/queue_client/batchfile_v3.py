@@ -46,6 +46,8 @@ ITEMSIZE = {
     "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "float64": 8,
 }  # fmt: skip
 assert set(ITEMSIZE) == set(DTYPES)
+# The dtypes numpy holds as they are (all but bfloat16).
+NUMPY_DTYPES = frozenset(ITEMSIZE) - {"bfloat16"}
 
 
 def _aligned(n: int) -> int:
@@ -288,4 +290,18 @@ def views(base: torch.Tensor, shift: int, entries: tuple[Entry, ...]) -> dict[st
     for e in entries:
         flat = base[shift + e.offset : shift + e.offset + e.nbytes]
         out[e.name] = flat.view(getattr(torch, e.dtype)).view(e.shape)
+    return out
+
+
+def arrays(buf: Any, layout: Layout) -> dict[str, np.ndarray]:
+    """Each stored tensor of a parsed file as a read-only numpy view of `buf` (the file's
+    bytes), for a writer that copies stored rows between files without torch (a mixture's
+    worker). Raises ValueError naming a dtype numpy has no type for (bfloat16)."""
+    out = {}
+    for e in layout.tensors:
+        if e.dtype not in NUMPY_DTYPES:
+            raise ValueError(f"tensor {e.name!r} is {e.dtype}, which numpy does not hold")
+        dtype = np.dtype(e.dtype)
+        flat = np.frombuffer(buf, dtype, e.nbytes // dtype.itemsize, layout.data_start + e.offset)
+        out[e.name] = flat.reshape(e.shape)
     return out

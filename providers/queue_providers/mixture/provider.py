@@ -15,24 +15,31 @@ them (queue_server/mixture/epochs.py), on the data root's machine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from queue_client.batchfile import EncodedBatchFile, encode_batch_file
+from queue_client.batchfile_v3 import NUMPY_DTYPES
 from queue_client.errors import ConfigError, MetaError
 from queue_client.meta import split_schema, token_field
 from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
-from queue_client.schema import check_tensors
+from queue_client.schema import NEXT_TOKEN, PLAIN, WINDOW, FieldSpec, check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
-from queue_providers.mixture.rows import source_rows
+from queue_providers.mixture.rows import SourceRows, source_rows
 from queue_providers.mixture.sources import build_sources, check_same_schema, source_meta
 from queue_providers.mixture.tokenizers import check_one_tokenizer
 from queue_providers.token_ids import check_ids
 
+if TYPE_CHECKING:
+    import torch
+
 SOURCE_FIELD = "source"
+# Stored kinds whose stored rows are what encoding the served rows again would store: a file
+# of them is made by copying the sources' stored rows (no decoding, no torch).
+_ROW_COPY_KINDS = frozenset({PLAIN, WINDOW, NEXT_TOKEN})
 STATE_VERSION = 1
 STATE_KEYS = frozenset({"version", "sources"})
 
@@ -176,40 +183,109 @@ class MixtureProvider(DataProviderBase):
         per_file, k, b = self.rows_per_file, self.context.batches_per_file, self.batch_size
         schedule = self.row_schedule(split)
         first = seq * per_file
-        picks = torch.tensor(schedule.sources_of(first, first + per_file), dtype=torch.int64)
+        picks = np.array(schedule.sources_of(first, first + per_file), dtype=np.int64)
         before = schedule.counts(first)
-        tensors: dict[str, torch.Tensor] = {}
-        starts: list[tuple[str, int, int]] = []  # source epochs whose first row is here
-        for s, rows in enumerate(self._rows):
-            where = (picks == s).nonzero().flatten()
-            if where.numel() == 0:
-                continue
-            got = rows.rows(split, before[s], before[s] + where.numel(), per_file)
-            for name, values in got.items():
-                out = tensors.get(name)
-                if out is None:
-                    out = tensors[name] = torch.empty(
-                        (per_file, *values.shape[1:]), dtype=values.dtype
-                    )
-                out[where] = values
-            starts += [
-                (rows.name, epoch, row)
-                for row, epoch in rows.epoch_starts(split, before[s], before[s] + where.numel())
-            ]
-        tensors = {n: v.reshape(k, b, *v.shape[1:]) for n, v in tensors.items()}
-        tensors[SOURCE_FIELD] = picks.reshape(k, b)
-        tensors = {f.name: tensors[f.name] for f in schema}
-        for i in range(k):
-            check_tensors(schema, {n: v[i] for n, v in tensors.items()}, (b,))
-        check_ids(tensors, self._id_ranges.get(split, ()), where=f"split {split!r} seq {seq}")
+        if self.copies_stored_rows(split):
+            stored, starts = self._gather(split, picks, before, SourceRows.stored_rows)
+            stored[SOURCE_FIELD] = picks.astype(np.uint8)
+            codec = self._codecs[split]
+            if set(stored) != set(codec.stored_names):
+                raise MetaError(
+                    f"split {split!r} seq {seq}: the sources' files store {sorted(stored)}, "
+                    f"the mixture's schema stores {sorted(codec.stored_names)}"
+                )
+            tensors: Mapping[str, Any] = {
+                n: stored[n].reshape(k, b, *stored[n].shape[1:]) for n in codec.stored_names
+            }
+        else:
+            tensors, starts = self._served_file(split, seq, schema, picks, before)
         metadata = {
             "dataset": self.context.dataset_name,
             "split": split,
             "batch_size": b,
             "schema": [f.to_dict() for f in schema],
         }
-        version = self.format_version
-        stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
-        encoded = encode_batch_file(seq=seq, tensors=stored, metadata=metadata, version=version)
+        encoded = encode_batch_file(
+            seq=seq, tensors=tensors, metadata=metadata, version=self.format_version
+        )
         # This file holds those rows, so no other file names them; its publisher records them.
         return replace(encoded, epoch_starts=tuple(starts))
+
+    def copies_stored_rows(self, split: str) -> bool:
+        """Whether `split`'s files are made from the stored rows of the sources' files, as
+        they hold them (format 3, every field stored row by row in a dtype numpy holds): the
+        same bytes as decoding the rows and encoding them again, at a fraction of the work,
+        and without torch."""
+        if self.format_version < 3:
+            return False
+        return all(_row_copied(f) for f in self._codecs[split].schema)
+
+    def _gather(
+        self,
+        split: str,
+        picks: np.ndarray,
+        before: Sequence[int],
+        take: Callable[..., Mapping[str, Any]],
+    ) -> tuple[dict[str, Any], list[tuple[str, int, int]]]:
+        """Each source's rows of this file, `take(rows, split, start, stop, per_file)`, put
+        where the schedule places them ([rows, ...] per name), and the source epochs whose
+        first row is here."""
+        per_file = self.rows_per_file
+        out: dict[str, Any] = {}
+        starts: list[tuple[str, int, int]] = []
+        for s, rows in enumerate(self._rows):
+            where = np.flatnonzero(picks == s)
+            if where.size == 0:
+                continue
+            got = take(rows, split, before[s], before[s] + where.size, per_file)
+            for name, values in got.items():
+                if name not in out:
+                    out[name] = _empty_like_rows(values, per_file)
+                out[name][where] = values
+            starts += [
+                (rows.name, epoch, row)
+                for row, epoch in rows.epoch_starts(split, before[s], before[s] + where.size)
+            ]
+        return out, starts
+
+    def _served_file(
+        self,
+        split: str,
+        seq: int,
+        schema: Sequence[FieldSpec],
+        picks: np.ndarray,
+        before: Sequence[int],
+    ) -> tuple[Mapping[str, torch.Tensor], list[tuple[str, int, int]]]:
+        """The file's stored tensors by decoding the sources' rows, checking them against
+        the schema and encoding them again (any storage, any format)."""
+        import torch
+
+        k, b = self.context.batches_per_file, self.batch_size
+        tensors, starts = self._gather(split, picks, before, SourceRows.rows)
+        tensors = {n: v.reshape(k, b, *v.shape[1:]) for n, v in tensors.items()}
+        tensors[SOURCE_FIELD] = torch.from_numpy(picks).reshape(k, b)
+        tensors = {f.name: tensors[f.name] for f in schema}
+        for i in range(k):
+            check_tensors(schema, {n: v[i] for n, v in tensors.items()}, (b,))
+        check_ids(tensors, self._id_ranges.get(split, ()), where=f"split {split!r} seq {seq}")
+        stored = self._codecs[split].encode(tensors) if self.format_version >= 2 else tensors
+        return stored, starts
+
+
+def _row_copied(f: FieldSpec) -> bool:
+    st = f.storage
+    return (
+        st.kind in _ROW_COPY_KINDS
+        and not st.lengths
+        and not st.exceptions
+        and f.stored_as in NUMPY_DTYPES
+    )
+
+
+def _empty_like_rows(values: Any, rows: int) -> Any:
+    """Room for `rows` rows like `values` (a numpy array or a tensor, [n, ...])."""
+    if isinstance(values, np.ndarray):
+        return np.empty((rows, *values.shape[1:]), dtype=values.dtype)
+    import torch
+
+    return torch.empty((rows, *values.shape[1:]), dtype=values.dtype)

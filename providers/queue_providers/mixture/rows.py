@@ -15,15 +15,40 @@ same rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
-from queue_client.batchfile import EncodedBatchFile, load_batch_bytes
+from queue_client import batchfile_v3
+from queue_client.batchfile import FORMAT_VERSION, EncodedBatchFile, load_batch_bytes
 from queue_providers.base import DataProviderBase
 
+if TYPE_CHECKING:
+    import torch
+
 STATE_KEYS = frozenset({"file", "state"})
+
+
+class MadeFile:
+    """A source file this worker made, read on first use as its served fields (torch) or as
+    its stored tensors (numpy views of its bytes: a mixture that copies stored rows never
+    imports torch), each [rows, ...]."""
+
+    def __init__(self, seq: int, data: bytes, where: str) -> None:
+        self.seq, self.data, self.where = seq, data, where
+
+    @cached_property
+    def served(self) -> dict[str, torch.Tensor]:
+        served = load_batch_bytes(self.data, self.where).tensors
+        return {k: v.reshape(-1, *v.shape[2:]) for k, v in served.items()}
+
+    @cached_property
+    def stored(self) -> dict[str, np.ndarray]:
+        layout = batchfile_v3.parse(memoryview(self.data), self.where, FORMAT_VERSION)
+        arrays = batchfile_v3.arrays(self.data, layout)
+        return {k: v.reshape(-1, *v.shape[2:]) for k, v in arrays.items()}
 
 
 class SourceRows:
@@ -33,7 +58,7 @@ class SourceRows:
     def __init__(self, provider: DataProviderBase, name: str = "") -> None:
         self.provider = provider
         self.name = name
-        self._cached: dict[str, tuple[int, dict[str, torch.Tensor]]] = {}
+        self._cached: dict[str, MadeFile] = {}
         self._epoch_starts: dict[str, dict[int, int]] = {}
 
     def _make(self, split: str, seq: int, per_file: int) -> EncodedBatchFile:
@@ -45,30 +70,47 @@ class SourceRows:
         for row, epoch in self.provider.epoch_starts(split, seq):
             self._epoch_starts.setdefault(split, {})[seq * per_file + row] = epoch
 
-    def _file(self, split: str, seq: int, per_file: int) -> dict[str, torch.Tensor]:
-        """Every served field of the source's file `seq`, as [rows, ...]."""
+    def _file(self, split: str, seq: int, per_file: int) -> MadeFile:
+        """The source's file `seq`, made unless it is the one made last."""
         cached = self._cached.get(split)
-        if cached is not None and cached[0] == seq:
-            return cached[1]
+        if cached is not None and cached.seq == seq:
+            return cached
         encoded = self._make(split, seq, per_file)
-        served = load_batch_bytes(encoded.data, f"source {self.name} file {seq}").tensors
-        rows = {k: v.reshape(-1, *v.shape[2:]) for k, v in served.items()}
-        self._cached[split] = (seq, rows)
-        return rows
+        made = self._cached[split] = MadeFile(seq, encoded.data, f"source {self.name} file {seq}")
+        return made
 
-    def rows(self, split: str, start: int, stop: int, per_file: int) -> dict[str, torch.Tensor]:
-        """Rows [start, stop) of the source's stream."""
-        parts: list[dict[str, torch.Tensor]] = []
+    def _parts(
+        self, split: str, start: int, stop: int, per_file: int, read: Callable[[MadeFile], Any]
+    ) -> list[dict[str, Any]]:
+        """Rows [start, stop) of the source's stream, a dict of `read(file)` slices per file."""
+        parts: list[dict[str, Any]] = []
         p = start
         while p < stop:
             seq, offset = divmod(p, per_file)
             take = min(stop - p, per_file - offset)
-            file_rows = self._file(split, seq, per_file)
+            file_rows = read(self._file(split, seq, per_file))
             parts.append({k: v[offset : offset + take] for k, v in file_rows.items()})
             p += take
+        return parts
+
+    def rows(self, split: str, start: int, stop: int, per_file: int) -> dict[str, torch.Tensor]:
+        """Rows [start, stop) of the source's stream: every served field."""
+        parts = self._parts(split, start, stop, per_file, lambda f: f.served)
         if not parts:
             return {}
+        import torch
+
         return {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+
+    def stored_rows(
+        self, split: str, start: int, stop: int, per_file: int
+    ) -> dict[str, np.ndarray]:
+        """Rows [start, stop) of the source's stream: every stored tensor, as its files hold
+        them (without torch)."""
+        parts = self._parts(split, start, stop, per_file, lambda f: f.stored)
+        if not parts:
+            return {}
+        return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
     def epoch_starts(self, split: str, start: int, stop: int) -> list[tuple[int, int]]:
         """(row, epoch) of each row in [start, stop) that starts an epoch, once those rows
@@ -113,7 +155,7 @@ class StreamingSourceRows(SourceRows):
         the stream state at its start, or the live stream when nothing is kept."""
         cached = self._cached.get(split)
         if cached is not None:
-            return {"file": cached[0], "state": self._cached_before[split]}
+            return {"file": cached.seq, "state": self._cached_before[split]}
         return {"file": self._next.get(split, 0), "state": self.provider.state_dict(split)}
 
     def load(self, split: str, state: Mapping[str, Any]) -> None:

@@ -12,12 +12,16 @@ from its own corpus, so two text_lm sources cannot share one.
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase
 from queue_providers.text.tokenizer import tokenizer_files
-from queue_providers.text_lm import TextLMProvider
+
+if TYPE_CHECKING:
+    from queue_providers.text_lm import TextLMProvider
 
 
 def _shown(p: TextLMProvider) -> str:
@@ -44,7 +48,16 @@ def check_one_tokenizer(
     names: Sequence[str], providers: Sequence[DataProviderBase], where: str
 ) -> None:
     """ConfigError naming two text_lm sources whose tokenizers differ (or share 'char')."""
-    text = [(n, p) for n, p in zip(names, providers, strict=True) if isinstance(p, TextLMProvider)]
+    # A text_lm source imported text_lm to be made: with none, nothing here is one (and a
+    # mixture of window sources never imports text_lm, nor the torch it uses).
+    text_lm = sys.modules.get("queue_providers.text_lm")
+    if text_lm is None:
+        return
+    text = [
+        (n, p)
+        for n, p in zip(names, providers, strict=True)
+        if isinstance(p, text_lm.TextLMProvider)
+    ]
     if len(text) < 2:
         return
     (first, base), rest = text[0], text[1:]
