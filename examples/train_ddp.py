@@ -53,8 +53,26 @@ def mean_over_ranks(value: float) -> float:
     return t.item() / dist.get_world_size()
 
 
-def fingerprint(batch: torch.Tensor) -> str:
-    return hashlib.blake2b(batch.numpy().tobytes(), digest_size=8).hexdigest()
+def fingerprint(batch: torch.Tensor) -> int:
+    digest = hashlib.blake2b(batch.numpy().tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+# The last collective's handle, held until the process exits: gloo's thread drops its own
+# reference after the collective completes, and were that the last one, it would hand the
+# tensors back to Python (taking the GIL) perhaps while the interpreter exits, which aborts
+# the process. Held here, the handle goes with Python's own objects, on the main thread.
+LAST_COLLECTIVE: list[object] = []
+
+
+def gather_over_ranks(values: list[int]) -> list[list[int]]:
+    """Every rank's `values` (the same number on each)."""
+    mine = torch.tensor(values, dtype=torch.int64)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    work = dist.all_gather(out, mine, async_op=True)
+    LAST_COLLECTIVE.append(work)
+    work.wait()
+    return [t.tolist() for t in out]
 
 
 def main() -> int:
@@ -77,7 +95,7 @@ def main() -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    seen: list[str] = []
+    seen: list[int] = []
     with QueueClient(args.address, args.dataset) as client:  # rank and world size from torchrun
         model = DistributedDataParallel(CharMLP(client.meta["vocab_size"]))
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -97,8 +115,7 @@ def main() -> int:
                     print(f"step {step}: loss {mean:.3f}", flush=True)
 
     # Each rank leased its own stream: no batch was read by two ranks.
-    gathered: list[list[str]] = [[] for _ in range(world)]
-    dist.all_gather_object(gathered, seen)
+    gathered = gather_over_ranks(seen)
     dist.destroy_process_group()
     assert first is not None and smoothed is not None
     if rank != 0:

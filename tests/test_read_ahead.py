@@ -5,9 +5,11 @@ not timings."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import char_config, wait_until
@@ -38,7 +40,9 @@ def test_depth_grows_with_a_trainer_faster_than_a_fetch_and_never_past_its_cap()
     off = read_ahead_for(0)  # prefetch off: nothing is read ahead, ever
     off.fetched(1.0)
     assert (off.read(0.0), off.cap) == (0, 0)
-    assert (read_ahead_for(2).floor, read_ahead_for(2).cap, read_ahead_for(12).cap) == (2, 4, 16)
+    assert (read_ahead_for(2).floor, read_ahead_for(2).cap, read_ahead_for(5).cap) == (2, 8, 16)
+    # Streamed files (transport "grpc") are held in the client's memory: half as deep.
+    assert read_ahead_for(2, in_memory=True).cap == 4
     # No deeper than the server lets a rank hold ahead (max_backlog_files + 1), nor below
     # prefetch_files, which the trainer chose.
     assert (read_ahead_for(2, 3).cap, read_ahead_for(2, 1).cap, read_ahead_for(2, 0).cap) == (
@@ -61,25 +65,42 @@ def test_a_fast_reader_gets_the_next_files_loaded_before_its_file_ends(
         # one. As many as fetches in flight at the deepest read-ahead, and three for releases.
         client.get_batch("train")
         lane = _lane_threads(before)
-        assert len(lane) == 2 + 3
+        assert len(lane) == 4 + 3
         assert client.stream_view("train").read_ahead == 1
-        assert client._streams["train"].read_ahead.cap == 2  # the server allows 8 + 1
+        assert client._streams["train"].read_ahead.cap == 4  # the server allows 8 + 1
         # Five files read back to back: a file of 5 tiny batches takes far less than a lease,
-        # crc32 and load of the next, so the stream deepens to its cap of 2.
+        # crc32 and load of the next, so the stream deepens to its cap of 4.
         for _ in range(5 * 5):
             client.get_batch("train")
-        assert client.stream_view("train").read_ahead == 2
-        # Both files ahead get loaded while the current one still has rows to serve.
+        assert client.stream_view("train").read_ahead == 4
+        # Every file ahead gets loaded while the current one still has rows to serve.
         wait_until(
-            lambda: client.stream_view("train").ready_ahead == 2, 60, "two files loaded ahead"
+            lambda: client.stream_view("train").ready_ahead == 4, 60, "four files loaded ahead"
         )
         view = client.stream_view("train")
         assert view.row < view.rows_in_file and view.next_file == "ready"
-        assert server.split_stats("chars")["leased_files"] >= 3
+        assert server.split_stats("chars")["leased_files"] >= 5
         assert _lane_threads(before) == lane
         assert not [t for t in threading.enumerate() if t.name.startswith("queue-client_")]
     # A closed stream's threads end (after running what was handed to them).
     assert all(not t.is_alive() for t in lane)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_the_background_threads_never_preempt_the_trainer_on_wakeup(
+    start_server, corpus: Path
+) -> None:
+    """The stream's threads run as SCHED_BATCH (a woken one waits for a free core or the
+    scheduler's next turn); the trainer's thread keeps the policy it had."""
+    server = start_server(char_config(corpus, batch_size=B, block_size=T))
+    before = set(threading.enumerate())
+    mine = os.sched_getscheduler(0)
+    with QueueClient(server.address, "chars") as client:
+        client.get_batch("train")
+        lane = _lane_threads(before)
+        assert lane
+        assert {os.sched_getscheduler(t.native_id) for t in lane} == {os.SCHED_BATCH}
+        assert os.sched_getscheduler(0) == mine != os.SCHED_BATCH
 
 
 def test_a_switch_hands_out_the_batch_widened_ahead_and_releases_without_another_call(
@@ -120,3 +141,19 @@ def test_a_switch_hands_out_the_batch_widened_ahead_and_releases_without_another
         stats = server.split_stats("chars")
         assert stats["leased_files"] == 0
         assert stats["consumed_files"] == 3
+
+
+def test_streamed_files_are_read_ahead_half_as_deep_as_mapped_ones(
+    start_server, corpus: Path
+) -> None:
+    """A file read ahead from the data root is mapped page cache; one streamed over gRPC is
+    the client's own memory, so a fast trainer's read-ahead grows half as deep there."""
+    server = start_server(
+        char_config(corpus, batch_size=B, block_size=T, extra="max_backlog_files = 12")
+    )
+    caps = {}
+    for transport in ("file", "grpc"):
+        with QueueClient(server.address, "chars", transport=transport) as client:
+            client.get_batch("train")
+            caps[transport] = client._streams["train"].read_ahead.cap
+    assert caps == {"file": 8, "grpc": 4}

@@ -220,7 +220,7 @@ from queue_server.config.server import load_config
 
 config = dataclasses.replace(
     load_config(pathlib.Path(sys.argv[1])), data_root=pathlib.Path(sys.argv[2]),
-    listen="127.0.0.1:0",
+    listen="127.0.0.1:0", metrics_listen="127.0.0.1:0",
 )
 
 async def main():

@@ -77,7 +77,8 @@ class QueueClient(LeaseMixin, SteeringMixin):
         by crc32; "auto" reads files when data_root is the server's very data root (it holds
         the root id the server publishes) and streams them otherwise. `self.transport` says
         which it is. max_fetch_bytes: a streamed file bigger than this is refused; a split
-        holds at most two files in memory (the one read and the prefetched one).
+        holds at most 1 + 2 * prefetch_files streamed files in memory (the one read and
+        those read ahead).
         prefetch_files: files leased and loaded ahead of the one being read (with prefetch),
         so a server slow to answer (a loaded machine) never makes a file switch wait; each
         holds a lease and a mapped file.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import torch
@@ -12,18 +13,46 @@ from queue_client.batchfile import BatchFile, load_batch_file
 from queue_client.layout import DatasetLayout
 from queue_client.wire import batchqueue_pb2 as pb
 
+# Leased paths' directories resolved, by (data root, directory): every file of a split lies
+# in one, and resolving a whole path walks each of its components (an lstat and some Python
+# each, under the GIL, in the trainer's process) for every file.
+_RESOLVED_DIRS: dict[tuple[Path, str], Path] = {}
+_RESOLVED_DIRS_MAX = 256
+
+
+def _within(root: Path, resolved: Path, leased: str) -> Path:
+    if not resolved.is_relative_to(root):
+        raise errors.PermissionDenied(f"leased path {leased!r} lies outside the data root {root}")
+    return resolved
+
+
+def _leased_path(root: Path, leased: str) -> Path:
+    """The leased file under `root`: its directory resolved (once) and checked to lie in the
+    root; PermissionDenied where it does not."""
+    directory, _, name = leased.rpartition("/")
+    if name in ("", ".", ".."):
+        return _within(root, (root / leased).resolve(), leased)
+    key = (root, directory)
+    resolved = _RESOLVED_DIRS.get(key)
+    if resolved is None:
+        resolved = _within(root, (root / directory).resolve(), leased)
+        if len(_RESOLVED_DIRS) >= _RESOLVED_DIRS_MAX:
+            _RESOLVED_DIRS.clear()
+        _RESOLVED_DIRS[key] = resolved
+    return resolved / name
+
 
 def map_leased(
     root: Path, dataset: str, verify_checksums: bool, lease: pb.Lease
 ) -> tuple[str, BatchFile]:
     """Verify the leased file under data_root and map it: (its path, the file)."""
-    path = (root / lease.path).resolve()
-    if not path.is_relative_to(root):
-        raise errors.PermissionDenied(
-            f"leased path {lease.path!r} lies outside the data root {root}"
-        )
+    path = _leased_path(root, lease.path)
     try:
-        size = path.stat().st_size
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):  # a link (the server makes none): followed, checked
+            path = _within(root, path.resolve(), lease.path)
+            st = path.stat()
+        size = st.st_size
     except FileNotFoundError:
         if not DatasetLayout(root, dataset).meta_file.exists():
             # Not a bad file: this client looks in the wrong place. Nothing to quarantine.

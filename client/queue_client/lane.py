@@ -9,11 +9,17 @@ pays for one wake-up (a futex call, the part of a hand-off that costs most on a 
 machine), and the thread it wakes hands the other jobs on before running the first. The
 threads start with the stream, so no switch ever starts one, and `close` runs every job
 already handed over (a finished file's release included) before it returns.
+
+On Linux the threads run as SCHED_BATCH: woken by a hand-off (or by the GIL the trainer's
+thread lets go inside a torch call), one waits for a free core or the scheduler's next turn
+instead of preempting the thread that woke it, so the trainer keeps its core; the read-ahead
+(readahead.py) is deep enough to absorb the later start. Their share of the CPU is unchanged.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -99,6 +105,7 @@ class Lane:
             log.exception("background job of %s failed", self.name)
 
     def _run(self) -> None:
+        yield_on_wakeup()
         get, call = self._jobs.get, self._call
         while True:
             job = get()
@@ -108,3 +115,16 @@ class Lane:
             # Drop the job before waiting for the next: it may hold a finished file, whose
             # unmapping belongs here, not to whoever puts the next job.
             job = None
+
+
+def yield_on_wakeup() -> None:
+    """Make the calling thread SCHED_BATCH where the platform has it (Linux): it never
+    preempts a running thread when it wakes. Best effort: elsewhere, or where a sandbox
+    forbids it, the thread keeps the default policy."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None or not hasattr(os, "sched_setscheduler"):
+        return
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread, on Linux
+    except OSError as exc:
+        log.debug("background thread keeps its scheduling policy: %s", exc)

@@ -51,12 +51,25 @@ class ReadAhead:
         return self.depth
 
 
-def read_ahead_for(prefetch_files: int, allowed: int | None = None) -> ReadAhead:
+# How deep a fast trainer's read-ahead may grow, in multiples of prefetch_files: deep enough
+# that fetches which start late (the background threads never preempt the trainer's thread,
+# lane.py) still end before their file is needed, on a machine whose cores the trainer, the
+# server and its workers share. Files read ahead from the data root are mapped page cache;
+# streamed ones (transport "grpc") are the client's own memory, so they go less deep.
+CAP_FACTOR = 4
+CAP_FACTOR_IN_MEMORY = 2
+
+
+def read_ahead_for(
+    prefetch_files: int, allowed: int | None = None, *, in_memory: bool = False
+) -> ReadAhead:
     """The read-ahead of a stream of a client with `prefetch_files` (0: prefetch off): at
-    least that many files, at most twice as many (and 16), and no more than the server lets
-    the rank hold ahead (`allowed`, None: unbounded), so no lease waits on the trainer's
-    next release: a paused trainer never finds one timed out."""
-    cap = min(16, 2 * prefetch_files)
+    least that many files, at most CAP_FACTOR times as many (CAP_FACTOR_IN_MEMORY for files
+    held `in_memory`; and 16), and no more than the server lets the rank hold ahead
+    (`allowed`, None: unbounded), so no lease waits on the trainer's next release: a paused
+    trainer never finds one timed out."""
+    factor = CAP_FACTOR_IN_MEMORY if in_memory else CAP_FACTOR
+    cap = min(16, factor * prefetch_files)
     if allowed is not None:
         cap = min(cap, allowed)
     return ReadAhead(prefetch_files, max(prefetch_files, cap))

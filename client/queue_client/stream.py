@@ -77,7 +77,9 @@ class SplitStream(StreamReleases):
         self.stride = seq_stride
         self.prefetch = int(prefetch)  # files fetched ahead of the one being read, at least
         allowed = source.files_ahead_allowed(split) if self.prefetch else 0
-        self.read_ahead = read_ahead_for(self.prefetch, allowed)
+        self.read_ahead = read_ahead_for(
+            self.prefetch, allowed, in_memory=source.transport == "grpc"
+        )
         self.timeout_s = timeout_s
         self._clock = clock
         # Deterministic streams know their seqs; best-effort ones (plan None) take any file.
