@@ -28,7 +28,7 @@ from auditor import audit, split_ints
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2
 
-from conftest import ServerFactory, ServerProcess, run_client_script, wait_until
+from conftest import ServerFactory, ServerProcess, char_config, run_client_script, wait_until
 from queue_client import QueueClient, errors
 from queue_client.batchfile import load_batch_file, scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
@@ -241,6 +241,25 @@ def test_a_leased_path_outside_the_data_root_is_refused(open_server: OpenServer)
         client.get_batch("train")
     assert outside.read_bytes() == before
     audit(server, "sym")
+
+
+def test_a_dataset_dir_linked_to_another_disk_is_read_in_place(
+    start_server, corpus: Path, tmp_path: Path
+) -> None:
+    """An operator may put a dataset's directory on another disk behind a symbolic link in
+    the data root: the server writes through it, and a client reading files (transport
+    "file", or "auto", which picks it) maps them there; a file linked out of both the root
+    and that directory is still refused (the test above)."""
+    data_root, disk = tmp_path / "data", tmp_path / "other-disk" / "chars"
+    disk.mkdir(parents=True)
+    data_root.mkdir()
+    (data_root / "chars").symlink_to(disk, target_is_directory=True)
+    server = start_server(char_config(corpus), data_root=data_root)
+    for transport in ("file", "auto"):
+        with QueueClient(server.address, "chars", timeout_s=30, transport=transport) as client:
+            x, _ = client.get_batch("train")
+            assert client.transport == "file" and x.shape == (4, 16)
+    assert any((disk / "queue" / "train").iterdir())  # the files lie on the other disk
 
 
 def test_a_crafted_pickle_in_the_queue_is_refused_and_quarantined(open_server: OpenServer) -> None:
