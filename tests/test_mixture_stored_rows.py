@@ -85,3 +85,29 @@ def test_a_source_of_packed_documents_is_decoded_and_encoded(tmp_path: Path) -> 
     assert not mixture.copies_stored_rows("train")  # its eos exceptions are per batch
     made = load_batch_bytes(mixture.make_file("train", 0).data, "f").tensors
     assert set(made["source"].flatten().tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize("kind", ["nanogpt_bin-uint32", "token_shards", "char_lm"])
+def test_a_window_provider_hands_over_what_its_file_stores(tmp_path: Path, kind: str) -> None:
+    """stored_tensors (what a mixture copies rows from) is what make_file encodes: the same
+    names, dtypes and values, for either sampling of token_shards and for char_lm."""
+    from queue_client import batchfile_v3
+    from queue_client.batchfile import FORMAT_VERSION
+    from queue_providers import create
+
+    if kind == "char_lm":
+        (tmp_path / "c.txt").write_text("to be or not to be, that is the question\n" * 40)
+        specs = [("char_lm", {"input": str(tmp_path / "c.txt"), "block_size": 8})]
+    else:
+        specs = [(s["provider"], s["args"]) for s in _sources(tmp_path, kind)]
+    for i, (name, args) in enumerate(specs):
+        ctx = ProviderContext(f"p{i}", tmp_path / f"p{i}", batch_size=B, batches_per_file=NB)
+        provider = create(name, ctx, args)
+        provider.set_meta(provider.complete_meta())
+        for seq in (0, 3):
+            data = provider.make_file("train", seq).data
+            want = batchfile_v3.arrays(data, batchfile_v3.parse(data, "f", FORMAT_VERSION))
+            got = provider.stored_tensors("train", seq)
+            assert got is not None and sorted(got) == sorted(want)
+            for key, value in want.items():
+                assert got[key].dtype == value.dtype and np.array_equal(got[key], value), key

@@ -225,6 +225,21 @@ class DataProviderBase(abc.ABC):
             return None
         return np.dtype(codec.schema[0].stored_as)
 
+    def file_windows(self, split: str, seq: int) -> np.ndarray | None:
+        """The stored window of file `seq` ([batches_per_file, batch_size, T+1] of
+        window_dtype), for a provider that makes it directly: what its file stores, without
+        encoding it (a mixture copies rows from it). None where the provider makes its files
+        otherwise, or the split's files store anything else."""
+        return None
+
+    def stored_tensors(self, split: str, seq: int) -> dict[str, np.ndarray] | None:
+        """The stored tensors of file `seq` by name, as its file holds them but not encoded,
+        where the provider makes them directly (file_windows); None otherwise."""
+        windows = self.file_windows(split, seq)
+        if windows is None:
+            return None
+        return {self._codecs[split].stored_names[0]: windows}
+
     def encode_windows(
         self, split: str, seq: int, windows: torch.Tensor | np.ndarray
     ) -> EncodedBatchFile:

@@ -155,9 +155,15 @@ class CharLMProvider(DataProviderBase):
         again) cost about five times the CPU. Every id is a character of stoi by
         construction, so there is nothing to check. The starts are the ones file_rng's
         generator draws, drawn without torch (seeding.randint_draws)."""
+        windows = self.file_windows(split, seq)
+        if windows is None:
+            return super().make_file(split, seq)
+        return self.encode_windows(split, seq, windows)
+
+    def file_windows(self, split: str, seq: int) -> np.ndarray | None:
         dtype = self.window_dtype(split)
         if dtype is None:
-            return super().make_file(split, seq)
+            return None
         narrow = self._narrow.get((split, dtype.str))
         if narrow is None:
             narrow = self._narrow[split, dtype.str] = self.data[split].astype(dtype)
@@ -167,4 +173,4 @@ class CharLMProvider(DataProviderBase):
         # Rows of a view of every window: one contiguous copy per window, where an index of
         # every id (n*b*(T+1) int64s) cost 20x the time.
         windows = sliding_window_view(narrow, t + 1)[starts]
-        return self.encode_windows(split, seq, windows.reshape(n, b, t + 1))
+        return windows.reshape(n, b, t + 1)

@@ -205,11 +205,16 @@ class NanoGPTBinProvider(DataProviderBase):
         the same window starts (file_rng's, drawn without torch), gathered from the map
         straight into the stored window (format 2 and later), at a fraction of the CPU of
         int64 x and y stacked, checked and narrowed again."""
+        windows = self.file_windows(split, seq)
+        if windows is None:
+            return super().make_file(split, seq)
+        return self.encode_windows(split, seq, windows)
+
+    def file_windows(self, split: str, seq: int) -> np.ndarray | None:
         dtype = self.window_dtype(split)
         if dtype is None:
-            return super().make_file(split, seq)
+            return None
         n, b, t = self.context.batches_per_file, self.batch_size, self.block_size
         seed = derive_seed(self.context.seed, split, seq)  # file_rng's
         starts = randint_draws(seed, self.tokens[split] - t, n * b)
-        rows = self.rows(split, starts, dtype).reshape(n, b, t + 1)
-        return self.encode_windows(split, seq, rows)
+        return self.rows(split, starts, dtype).reshape(n, b, t + 1)

@@ -34,18 +34,29 @@ STATE_KEYS = frozenset({"file", "state"})
 class MadeFile:
     """A source file this worker made, read on first use as its served fields (torch) or as
     its stored tensors (numpy views of its bytes: a mixture that copies stored rows never
-    imports torch), each [rows, ...]."""
+    imports torch), each [rows, ...]. A window provider hands its stored tensors over
+    unencoded (`tensors`): such a file has no bytes, and serves its stored rows only."""
 
-    def __init__(self, seq: int, data: bytes, where: str) -> None:
-        self.seq, self.data, self.where = seq, data, where
+    def __init__(
+        self,
+        seq: int,
+        where: str,
+        data: bytes | None = None,
+        tensors: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        self.seq, self.where, self.data = seq, where, data
+        if tensors is not None:
+            self.__dict__["stored"] = {k: v.reshape(-1, *v.shape[2:]) for k, v in tensors.items()}
 
     @cached_property
     def served(self) -> dict[str, torch.Tensor]:
+        assert self.data is not None, "a file made unencoded serves its stored rows only"
         served = load_batch_bytes(self.data, self.where).tensors
         return {k: v.reshape(-1, *v.shape[2:]) for k, v in served.items()}
 
     @cached_property
     def stored(self) -> dict[str, np.ndarray]:
+        assert self.data is not None
         layout = batchfile_v3.parse(memoryview(self.data), self.where, FORMAT_VERSION)
         arrays = batchfile_v3.arrays(self.data, layout)
         return {k: v.reshape(-1, *v.shape[2:]) for k, v in arrays.items()}
@@ -70,17 +81,30 @@ class SourceRows:
         for row, epoch in self.provider.epoch_starts(split, seq):
             self._epoch_starts.setdefault(split, {})[seq * per_file + row] = epoch
 
-    def _file(self, split: str, seq: int, per_file: int) -> MadeFile:
-        """The source's file `seq`, made unless it is the one made last."""
+    def _file(self, split: str, seq: int, per_file: int, stored: bool = False) -> MadeFile:
+        """The source's file `seq`, made unless it is the one made last; for its `stored`
+        rows, as the provider's unencoded tensors where it makes them directly."""
         cached = self._cached.get(split)
-        if cached is not None and cached.seq == seq:
+        if cached is not None and cached.seq == seq and (stored or cached.data is not None):
             return cached
-        encoded = self._make(split, seq, per_file)
-        made = self._cached[split] = MadeFile(seq, encoded.data, f"source {self.name} file {seq}")
+        where = f"source {self.name} file {seq}"
+        tensors = self.provider.stored_tensors(split, seq) if stored else None
+        if tensors is not None:
+            self._note_epochs(split, seq, per_file)
+            made = MadeFile(seq, where, tensors=tensors)
+        else:
+            made = MadeFile(seq, where, data=self._make(split, seq, per_file).data)
+        self._cached[split] = made
         return made
 
     def _parts(
-        self, split: str, start: int, stop: int, per_file: int, read: Callable[[MadeFile], Any]
+        self,
+        split: str,
+        start: int,
+        stop: int,
+        per_file: int,
+        read: Callable[[MadeFile], Any],
+        stored: bool = False,
     ) -> list[dict[str, Any]]:
         """Rows [start, stop) of the source's stream, a dict of `read(file)` slices per file."""
         parts: list[dict[str, Any]] = []
@@ -88,7 +112,7 @@ class SourceRows:
         while p < stop:
             seq, offset = divmod(p, per_file)
             take = min(stop - p, per_file - offset)
-            file_rows = read(self._file(split, seq, per_file))
+            file_rows = read(self._file(split, seq, per_file, stored))
             parts.append({k: v[offset : offset + take] for k, v in file_rows.items()})
             p += take
         return parts
@@ -107,7 +131,7 @@ class SourceRows:
     ) -> dict[str, np.ndarray]:
         """Rows [start, stop) of the source's stream: every stored tensor, as its files hold
         them (without torch)."""
-        parts = self._parts(split, start, stop, per_file, lambda f: f.stored)
+        parts = self._parts(split, start, stop, per_file, lambda f: f.stored, stored=True)
         if not parts:
             return {}
         return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}

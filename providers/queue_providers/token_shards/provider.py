@@ -206,25 +206,36 @@ class TokenShardsProvider(DataProviderBase):
         stored window where the file keeps x and y as one (the same bytes as int64 x and y
         stacked, checked and narrowed again, at a fifth of the CPU; gather checks every id
         against vocab_size), else handed out by sample_batch."""
-        rows = np.arange(seq * self.rows_per_file, (seq + 1) * self.rows_per_file)
-        corpus = self.corpora[split]
         if self.order == "documents":
+            rows = np.arange(seq * self.rows_per_file, (seq + 1) * self.rows_per_file)
             self._file_rows[split] = [self.document_rows(split, rows), 0]
             return self._made_by_base(split, seq)
-        if self.sampling == "epoch":
-            shard, start = corpus.locate(self.orders[split].windows(rows))
-        else:  # file_rng's draws, batch after batch, drawn without torch
-            seed = derive_seed(self.context.seed, split, seq)
-            shard, start = corpus.locate_start(randint_draws(seed, corpus.n_starts, len(rows)))
-        dtype = self.window_dtype(split)
-        if dtype is not None:
-            shape = (self.context.batches_per_file, self.batch_size, self.block_size + 1)
-            windows = self.gather(split, shard, start, dtype).reshape(shape)
+        windows = self.file_windows(split, seq)
+        if windows is not None:
             return self.encode_windows(split, seq, windows)
         import torch  # the served fields of an old format, as the base class makes them
 
+        shard, start = self._placed(split, seq)
         self._file_rows[split] = [xy(torch.from_numpy(self.gather(split, shard, start))), 0]
         return self._made_by_base(split, seq)
+
+    def file_windows(self, split: str, seq: int) -> np.ndarray | None:
+        dtype = self.window_dtype(split)
+        if dtype is None or self.order == "documents":
+            return None
+        shape = (self.context.batches_per_file, self.batch_size, self.block_size + 1)
+        shard, start = self._placed(split, seq)
+        return self.gather(split, shard, start, dtype).reshape(shape)
+
+    def _placed(self, split: str, seq: int) -> tuple[np.ndarray, np.ndarray]:
+        """Where file seq's windows start: (shard, offset) per row."""
+        rows = np.arange(seq * self.rows_per_file, (seq + 1) * self.rows_per_file)
+        corpus = self.corpora[split]
+        if self.sampling == "epoch":
+            return corpus.locate(self.orders[split].windows(rows))
+        # file_rng's draws, batch after batch, drawn without torch
+        seed = derive_seed(self.context.seed, split, seq)
+        return corpus.locate_start(randint_draws(seed, corpus.n_starts, len(rows)))
 
     def _made_by_base(self, split: str, seq: int) -> Any:
         """The base class's file, from the rows placed in _file_rows."""
