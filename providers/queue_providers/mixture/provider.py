@@ -180,23 +180,14 @@ class MixtureProvider(DataProviderBase):
         schema = self._schemas.get(split)
         if schema is None:
             raise MetaError(f"split {split!r} is not in meta split_info {sorted(self._schemas)}")
-        per_file, k, b = self.rows_per_file, self.context.batches_per_file, self.batch_size
+        per_file, b = self.rows_per_file, self.batch_size
         schedule = self.row_schedule(split)
         first = seq * per_file
         picks = np.array(schedule.sources_of(first, first + per_file), dtype=np.int64)
         before = schedule.counts(first)
+        tensors: Mapping[str, Any]
         if self.copies_stored_rows(split):
-            stored, starts = self._gather(split, picks, before, SourceRows.stored_rows)
-            stored[SOURCE_FIELD] = picks.astype(np.uint8)
-            codec = self._codecs[split]
-            if set(stored) != set(codec.stored_names):
-                raise MetaError(
-                    f"split {split!r} seq {seq}: the sources' files store {sorted(stored)}, "
-                    f"the mixture's schema stores {sorted(codec.stored_names)}"
-                )
-            tensors: Mapping[str, Any] = {
-                n: stored[n].reshape(k, b, *stored[n].shape[1:]) for n in codec.stored_names
-            }
+            tensors, starts = self._stored_file(split, seq, picks, before)
         else:
             tensors, starts = self._served_file(split, seq, schema, picks, before)
         metadata = {
@@ -247,6 +238,22 @@ class MixtureProvider(DataProviderBase):
                 for row, epoch in rows.epoch_starts(split, before[s], before[s] + where.size)
             ]
         return out, starts
+
+    def _stored_file(
+        self, split: str, seq: int, picks: np.ndarray, before: Sequence[int]
+    ) -> tuple[Mapping[str, np.ndarray], list[tuple[str, int, int]]]:
+        """The file's stored tensors, copied from the sources' stored rows (numpy only)."""
+        k, b = self.context.batches_per_file, self.batch_size
+        stored, starts = self._gather(split, picks, before, SourceRows.stored_rows)
+        stored[SOURCE_FIELD] = picks.astype(np.uint8)
+        codec = self._codecs[split]
+        if set(stored) != set(codec.stored_names):
+            raise MetaError(
+                f"split {split!r} seq {seq}: the sources' files store {sorted(stored)}, "
+                f"the mixture's schema stores {sorted(codec.stored_names)}"
+            )
+        tensors = {n: stored[n].reshape(k, b, *stored[n].shape[1:]) for n in codec.stored_names}
+        return tensors, starts
 
     def _served_file(
         self,
