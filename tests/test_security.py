@@ -262,6 +262,27 @@ def test_a_dataset_dir_linked_to_another_disk_is_read_in_place(
     assert any((disk / "queue" / "train").iterdir())  # the files lie on the other disk
 
 
+@pytest.mark.parametrize(
+    "leased",
+    ["../outside/copy.pt", "chars/queue/train/../../../../outside/copy.pt", "chars/../..", ".."],
+)
+def test_a_lease_naming_a_path_out_of_the_root_is_refused_before_any_read(
+    tmp_path: Path, leased: str
+) -> None:
+    """What a rogue server could send: a lease whose path climbs out of the data root. The
+    client's file map refuses it with PermissionDenied, whatever its form, before reading
+    anything (a file of the lease's size lies there)."""
+    from queue_client.file_map import map_leased
+
+    root = tmp_path / "data"
+    (root / "chars" / "queue" / "train").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "copy.pt").write_bytes(b"not read")
+    lease = pb.Lease(path=leased, size_bytes=8, crc32=0)
+    with pytest.raises(errors.PermissionDenied, match="outside the data root"):
+        map_leased(root.resolve(), "chars", True, lease)
+
+
 def test_a_crafted_pickle_in_the_queue_is_refused_and_quarantined(open_server: OpenServer) -> None:
     """A published file rewritten (same name, same size) as a torch zip pickle whose loading
     would create a marker file: the client (checksums off, so the loader itself is what is
