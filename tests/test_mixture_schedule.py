@@ -66,14 +66,24 @@ def tally(sched: RowSchedule, segs: list[WeightSegment], n: int) -> int:
 
 @settings(max_examples=12, deadline=None)
 @given(segments(), st.integers(1, DENOMINATOR))
-def test_counts_are_within_one_row_of_constant_weights_and_two_across_changes(segs, tail) -> None:
-    """Constant weights: strictly within one row at every prefix. Deficits carry across a
-    change, so the counts track the cumulative target; the largest-deficit rule can then
-    overshoot one row slightly (1.23 rows at worst in a search over 6 sources and changes
-    every few rows), never two."""
+def test_counts_stay_within_one_row_for_up_to_three_sources_and_two_otherwise(segs, tail) -> None:
+    """Constant weights of up to three sources: strictly within one row at every prefix (half
+    a row with two; 0.83 at worst in a search of 800 random weights of three). With four or
+    more the largest-deficit rule can stray a little past one row (1.07 at worst for four,
+    1.25 for sixteen, in searches; weights 0.4414/0.4414/0.1103/0.0069 reach 1.0072 at row
+    1,348), as it can across a change (1.23 over six sources changing every few rows): never
+    two."""
     n = segs[-1].start + tail
-    assert tally(RowSchedule(segs[:1]), segs[:1], n) < DENOMINATOR
+    sources = len(segs[0].quotas)
+    constant = tally(RowSchedule(segs[:1]), segs[:1], n)
+    assert constant < (DENOMINATOR if sources <= 3 else 2 * DENOMINATOR)
     assert tally(RowSchedule(segs), segs, n) < 2 * DENOMINATOR
+
+
+def test_four_sources_can_stray_just_past_one_row_at_constant_weights() -> None:
+    """The case hypothesis found: the bound of one row is three sources' at most."""
+    segs = [WeightSegment(0, (4414, 4414, 1103, 69))]
+    assert DENOMINATOR < tally(RowSchedule(segs), segs, 1_349) < 2 * DENOMINATOR
 
 
 @settings(max_examples=25, deadline=None)

@@ -3,9 +3,10 @@
 Weights are quantized to integer quotas over DENOMINATOR rows (largest remainder), and row
 n+1 goes to the source of the largest deficit, argmax_s (T_s(n+1) - c_s(n)), ties to the
 lowest index, where T_s is the target count (the sum of each weight segment's weight times its
-rows) and c_s the realised one. With constant weights the counts stay within one row of the
-target at every prefix. Deficits carry across a weight change, so the counts track the
-cumulative target; just after a change they may overshoot one row slightly (under two).
+rows) and c_s the realised one. With constant weights of up to three sources the counts stay
+within one row of the target at every prefix; with more sources, or just after a change,
+they may stray slightly past one row (1.25 at most in searches; under two). Deficits carry
+across a weight change, so the counts track the cumulative target.
 
 Counting rows at any n is cheap, never a simulation from row 0. In integer units
 d_s = DENOMINATOR * (T_s - c_s), a segment's state after each block of DENOMINATOR rows is
