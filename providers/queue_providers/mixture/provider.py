@@ -245,8 +245,9 @@ class MixtureProvider(DataProviderBase):
         """The file's stored tensors, copied from the sources' stored rows (numpy only)."""
         k, b = self.context.batches_per_file, self.batch_size
         stored, starts = self._gather(split, picks, before, SourceRows.stored_rows)
-        stored[SOURCE_FIELD] = picks.astype(np.uint8)
         codec = self._codecs[split]
+        (source,) = (f for f in codec.schema if f.name == SOURCE_FIELD)
+        stored[source.stored_name] = picks.astype(source.stored_as)
         if set(stored) != set(codec.stored_names):
             raise MetaError(
                 f"split {split!r} seq {seq}: the sources' files store {sorted(stored)}, "
