@@ -37,6 +37,7 @@ def run_loops(
     *,
     prefetch_files: int = 2,
     worker_priority: str = "normal",
+    fetch_process: bool = False,
 ) -> list[dict[str, Any]]:
     """`loops` tight loops of FILES_PER_LOOP files each, a full backlog before every one."""
     from queue_client import QueueClient
@@ -57,7 +58,12 @@ def run_loops(
     try:
         server.wait_serving(120)
         with QueueClient(
-            server.address, "loop", rank=0, world_size=1, prefetch_files=prefetch_files
+            server.address,
+            "loop",
+            rank=0,
+            world_size=1,
+            prefetch_files=prefetch_files,
+            fetch_process=fetch_process,
         ) as client:
             walker = FileWalker(client, "train", BATCHES_PER_FILE, server, "loop", backlog)
             walker.open_next()
@@ -98,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loops", type=int, default=12)
     parser.add_argument("--prefetch-files", type=int, default=2)
     parser.add_argument("--worker-priority", choices=("normal", "idle"), default="normal")
+    parser.add_argument(
+        "--fetch-process", action="store_true", help="QueueClient(fetch_process=True)"
+    )
     parser.add_argument("--workdir", type=Path, help="default: a temp dir, removed after")
     parser.add_argument("--json", type=Path, help="also write each loop and the summary here")
     args = parser.parse_args(argv)
@@ -112,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             args.loops,
             prefetch_files=args.prefetch_files,
             worker_priority=args.worker_priority,
+            fetch_process=args.fetch_process,
         )
     finally:
         if args.workdir is None:

@@ -64,6 +64,7 @@ class Rank:
         world: int,
         jobs: list[dict[str, Any]],
         hold: bool = False,
+        fetch_process: bool = False,
     ) -> None:
         self.outs = {}
         for job in jobs:
@@ -72,7 +73,14 @@ class Rank:
         spec = tmp / f"{tag}-r{rank}.json"
         spec.write_text(
             json.dumps(
-                {"address": address, "rank": rank, "world_size": world, "hold": hold, "jobs": jobs}
+                {
+                    "address": address,
+                    "rank": rank,
+                    "world_size": world,
+                    "hold": hold,
+                    "fetch_process": fetch_process,
+                    "jobs": jobs,
+                }
             )
         )
         self.proc = ClientProcess(SUPPORT / "rank_client.py", [str(spec)])
@@ -94,8 +102,13 @@ class Rank:
         return [json.loads(line) for line in self.outs[dataset].read_text().splitlines()]
 
 
-def _run(tmp: Path, tag: str, address: str, world: int, jobs_for: Any) -> list[Rank]:
-    ranks = [Rank(tmp, tag, address, r, world, jobs_for(r)) for r in range(world)]
+def _run(
+    tmp: Path, tag: str, address: str, world: int, jobs_for: Any, fetch_process: bool = False
+) -> list[Rank]:
+    ranks = [
+        Rank(tmp, tag, address, r, world, jobs_for(r), fetch_process=fetch_process)
+        for r in range(world)
+    ]
     for rank in ranks:
         rank.finish()
     return ranks

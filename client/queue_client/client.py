@@ -27,6 +27,8 @@ import torch
 from queue_client import errors
 from queue_client.batchfile import check_dataset_name, check_split_name
 from queue_client.fetch import FileFetcher, check_transport, choose_transport
+from queue_client.helper_link import HelperLink, helper_client_kwargs
+from queue_client.helper_stream import open_helper_stream
 from queue_client.leasing import LeaseMixin
 from queue_client.meta import meta_from_json, split_schema
 from queue_client.resume import STATE_VERSION, StreamPlan, plan_resume
@@ -69,6 +71,7 @@ class QueueClient(LeaseMixin, SteeringMixin):
         transport: str = "auto",
         tls_ca_file: str | Path | None = None,
         max_fetch_bytes: int = 1 << 30,
+        fetch_process: bool = False,
     ) -> None:
         """Connect to the server at `address` and read the dataset's meta.
 
@@ -84,6 +87,12 @@ class QueueClient(LeaseMixin, SteeringMixin):
         holds a lease and a mapped file.
         tls_ca_file: a PEM file of the certificate(s) to trust: the connection is TLS (also
         $BATCHQUEUE_TLS_CA_FILE), for a server with server.tls_cert_file.
+        fetch_process: lease, verify and load files in a helper process, which copies each
+        file's stored rows into shared memory this process maps once (Linux): this process
+        then does no work per file beside the trainer's thread, so no file switch takes the
+        GIL or a core from it (docs/architecture.md, "The fetch helper"). Costs a process (a
+        second interpreter with torch), a copy of each file and a ring of
+        (read-ahead + 2) files per split in shared memory; batches are never views of it.
         """
         check_transport(transport)
         if not isinstance(prefetch_files, int) or not 1 <= prefetch_files <= 16:
@@ -139,6 +148,17 @@ class QueueClient(LeaseMixin, SteeringMixin):
                 self.data_root,
                 address,
             )
+        self.fetch_process = bool(fetch_process)
+        if self.fetch_process and not prefetch:
+            raise errors.InvalidRequest(
+                "fetch_process=True fetches files ahead in a helper process; it needs prefetch=True"
+            )
+        # What the fetch helper's own client is made with (the token goes by environment).
+        self._helper_kwargs = helper_client_kwargs(
+            self, reconnect_timeout_s, tls_ca_file, max_fetch_bytes
+        )
+        self._helper_token = auth_token
+        self._helper: HelperLink | None = None
         self._transfer = Transfer(self.device, copy=copy)
         self._streams: dict[str, SplitStream] = {}
         self._resume: dict[str, StreamPlan] = {}
@@ -208,7 +228,8 @@ class QueueClient(LeaseMixin, SteeringMixin):
         """Where `split`'s stream stands: the file being read, the next batch's place in it,
         and whether the file after it is prefetched. A snapshot for benchmarks and monitoring
         (which call opens a file, whether it had to wait); it changes nothing, and costs a
-        few attribute reads, so it may be called between any two get_batch calls."""
+        few attribute reads (with fetch_process, a read of what the helper sent, which never
+        blocks), so it may be called between any two get_batch calls."""
         stream = self._streams.get(split)
         if stream is None:
             self._check_split(split)
@@ -301,6 +322,8 @@ class QueueClient(LeaseMixin, SteeringMixin):
                 stream.close()
             except errors.BatchQueueError as exc:
                 log.warning("closing %s/%s: %s", self.dataset, stream.split, exc)
+        if self._helper is not None:
+            self._helper.close()  # it returns what it still holds, then exits
         self._stop_renewing.set()
         if self._renewer is not None:
             self._renewer.join(timeout=5)
@@ -332,16 +355,22 @@ class QueueClient(LeaseMixin, SteeringMixin):
         if self.mode == "deterministic":
             plan = self._resume.pop(split, StreamPlan((), self.world.rank))
         schema = split_schema(self.meta, split)
-        stream = SplitStream(
-            self,
-            split,
-            schema,
-            plan=plan,
-            seq_stride=self.world.world_size,
-            prefetch=self.prefetch_files if self.prefetch else 0,
-            timeout_s=self.timeout_s,
-            clock=time.monotonic,
-            dependence=rows_dependence(self.meta, codec_for(schema), split),
-        )
+        codec = codec_for(schema)
+        if self.fetch_process:
+            if self._helper is None:
+                self._helper = HelperLink(self._helper_kwargs, self._helper_token)
+            stream: SplitStream = open_helper_stream(self, self._helper, split, schema, plan)
+        else:
+            stream = SplitStream(
+                self,
+                split,
+                schema,
+                plan=plan,
+                seq_stride=self.world.world_size,
+                prefetch=self.prefetch_files if self.prefetch else 0,
+                timeout_s=self.timeout_s,
+                clock=time.monotonic,
+                dependence=rows_dependence(self.meta, codec, split),
+            )
         self._streams[split] = stream
         return stream

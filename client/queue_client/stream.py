@@ -99,13 +99,16 @@ class SplitStream(StreamReleases):
         # Fetches in flight at the deepest read-ahead, and releases beside them: a release
         # RPC of a loaded server can outlast the reading of a file or two, and a fetch must
         # never queue behind one.
-        self._lane = Lane(
-            f"queue-client-{split}",
-            max(1, self.read_ahead.cap) + _RELEASE_THREADS,
-            f"the {source.dataset}/{split} stream",
-        )
+        self._lane = self._make_lane()
         # A stream dropped unclosed (its client never closed) leaves no idle threads behind.
         weakref.finalize(self, self._lane.stop)
+
+    def _make_lane(self) -> Lane:
+        return Lane(
+            f"queue-client-{self.split}",
+            max(1, self.read_ahead.cap) + _RELEASE_THREADS,
+            f"the {self.source.dataset}/{self.split} stream",
+        )
 
     def served(self, size: int) -> list[tuple[torch.Size, torch.dtype]]:
         """What a batch of `size` rows is served as: (shape, dtype) per field."""

@@ -51,12 +51,17 @@ class StreamReleases:
         read_ids = {id(f) for f, _ in read}
         for f in self._finished:  # not handed to a release yet: unread, as the server knows
             if id(f) in read_ids:
-                self.source.release(f.lease, RETURNED)
+                self._give_back(f, RETURNED)
         self._finished = [f for f in self._finished if id(f) not in read_ids]
         if cur is not None:
-            self.source.release(cur.lease, RETURNED)
+            self._give_back(cur, RETURNED)
         self.current, self.row = None, 0
         self._plan.extendleft(reversed([(f.seq, row) for f, row in read]))
+
+    def _give_back(self, f: LoadedFile, outcome: pb.ReleaseOutcome, waited_s: float = 0.0) -> None:
+        """Release file `f`'s lease now, in this thread (a fetch helper's stream overrides
+        this: its files are leased by the helper)."""
+        self.source.release(f.lease, outcome, waited_s=waited_s)
 
     def _release_finished(self, old: LoadedFile) -> None:
         """A lane job: release a file read to its end."""
@@ -95,10 +100,10 @@ class StreamReleases:
             self._lane.close()
             finished, self._finished = self._finished, []
             for old in finished:
-                self.source.release(old.lease, CONSUMED)
+                self._give_back(old, CONSUMED)
             cur, self.current = self.current, None
             if cur is not None:
-                self.source.release(cur.lease, CONSUMED if self.row >= cur.rows else RETURNED)
+                self._give_back(cur, CONSUMED if self.row >= cur.rows else RETURNED)
         finally:
             self._lane.close()  # idempotent
             self._finished, self.current, self.row = [], None, 0

@@ -2,7 +2,7 @@
 
     python rank_client.py SPEC.json
 
-SPEC: {"address", "rank", "world_size", "split", "hold": bool, "jobs": [{"dataset",
+SPEC: {"address", "rank", "world_size", "split", "hold": bool, "fetch_process": bool, "jobs": [{"dataset",
 "batches", "sizes": [batch_size, ...]|null, "state_in": path|null, "state_out": path|null,
 "out": path}]}. With "sizes", each get_batch takes the next size (a ramp) instead of
 `batches` default ones, and each line also holds the batch's rows of its first field. For each job it
@@ -39,6 +39,7 @@ def main() -> None:
             rank=spec["rank"],
             world_size=spec["world_size"],
             timeout_s=spec.get("timeout_s", 60),
+            fetch_process=spec.get("fetch_process", False),
         )
         clients.append(client)
         if job.get("state_in"):
