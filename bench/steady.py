@@ -129,7 +129,48 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
     loops: dict[str, dict[str, Any]] = {}
     for (b, t), loader in loaders.items():
         results += _measure_shape(settings, tokens, server, b, t, loader, loops)
-    return results + _idle_rows(loops.get("idle", {})) + _bare_rows(loops.get("bare", {}))
+    helper = _helper_loop(settings, server)
+    return (
+        results
+        + _idle_rows(loops.get("idle", {}))
+        + _bare_rows(loops.get("bare", {}))
+        + _helper_rows(helper)
+    )
+
+
+def _helper_loop(settings: Settings, server: Server) -> dict[str, Any]:
+    """1d and 1e's loop again, on the goal shape's dataset, through a fetch helper process
+    (QueueClient(fetch_process=True)): nothing of the loader in the trainer's process. A
+    fresh client reads the stream from its start again (the server makes those seqs anew)."""
+    from queue_client import QueueClient
+
+    b, t = SHAPES[0]
+    nb, files = batches_per_file(settings), settings.pick(AMORTISED_FILES, 2)
+    name = _dataset(b, t, False)
+    with QueueClient(server.address, name, rank=0, world_size=1, fetch_process=True) as client:
+        walker = FileWalker(client, "train", nb, server, name, files + 1)
+        walker.open_next()
+        walker.finish_file()
+        walker.settle()
+        # One loop untimed first: the zero-copy client of 1c-1e had read many files before
+        # its loop, so its read-ahead had grown to what a fast trainer gets; a fresh client
+        # starts at prefetch_files.
+        tight_loop(client, "train", files * nb)
+        walker.settle()  # a full backlog, as for 1c-1e
+        return tight_loop(client, "train", files * nb)
+
+
+def _helper_rows(loop: dict[str, Any]) -> list[Result]:
+    b, t = SHAPES[0]
+    return _wait_rows(
+        f"B={b} T={t}",
+        ", fetch_process=True",
+        loop,
+        goals=True,
+        switch_note=f"1d's loop through a fetch helper process; mean "
+        f"{fmt(loop['switch_mean_us'])} µs over {loop['switches']} switches; "
+        f"{fmt(loop['per_call_us'])} µs per call amortised",
+    )
 
 
 def _idle_loop(settings: Settings, server: Server) -> dict[str, Any]:

@@ -47,6 +47,7 @@ class SlotFile:
     batch_size: int
     lease_id: str
     stored: list[torch.Tensor]
+    layout: int  # the id of where its fields lie in a slot (the same for files alike)
 
 
 @dataclass
@@ -170,12 +171,14 @@ class HelperLink:
         if isinstance(msg, dict):
             raise _error(msg, f"{split}: the fetch helper could not fetch a file")
         seq, batches, rows, layout, lease_id = msg
-        return SlotFile(split, slot, seq, batches, rows, lease_id, self._views(split, slot, layout))
+        stored = self.views(split, slot, layout)
+        return SlotFile(split, slot, seq, batches, rows, lease_id, stored, layout)
 
     def forget(self, split: str, slot: int) -> None:
         self._arrived.pop((split, slot), None)
 
-    def _views(self, split: str, slot: int, layout: int) -> list[torch.Tensor]:
+    def views(self, split: str, slot: int, layout: int) -> list[torch.Tensor]:
+        """The tensors of `slot` laid out as `layout` says: made once, then the same ones."""
         ring = self.rings[split]
         key = (slot, layout)
         views = ring.views.get(key)

@@ -176,8 +176,14 @@ class HelperStream(SplitStream):
         if template is None or any(
             a is not b for a, b in zip(template.stored, f.stored, strict=True)
         ):
-            template = LoadedFile(ref, f.seq, f.num_batches, f.batch_size, self.codec, f.stored)
-            self._templates[key] = template
+            # Every slot's at once, for files of this shape: the switches to come find theirs
+            # made (each costs the trainer's thread some 100 µs of torch calls to make).
+            for s in range(self.slots):
+                views = f.stored if s == f.slot else self.link.views(self.split, s, f.layout)
+                self._templates[(s, f.num_batches, f.batch_size)] = LoadedFile(
+                    ref, f.seq, f.num_batches, f.batch_size, self.codec, views
+                )
+            template = self._templates[key]
         loaded = template.__class__.__new__(template.__class__)
         loaded.__dict__.update(template.__dict__)
         loaded.lease, loaded.seq, loaded.first, loaded.waited_s = ref, f.seq, None, 0.0
