@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from test_batch_size import NB, ROWS, config, reference, rows_of
-from test_ordering_and_resume import Rank, _run
+from test_ordering_and_resume import Rank, _run, tiny_tables
 
 from conftest import ServerFactory, process_gone, process_tree
 from queue_client import QueueClient
@@ -23,11 +23,18 @@ from queue_server.testing import wait_until
 TOKEN = "fetch-helper-s3cret"
 
 
+# Leases outlive every wait below: a file counted back was given back, not expired.
+LONG_TTL = config().replace("lease_ttl_s = 30", "lease_ttl_s = 600") + tiny_tables(
+    "be", mode="best_effort"
+)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    assert "lease_ttl_s = 600" in LONG_TTL
     factory = ServerFactory(tmp_path_factory.mktemp("fetch-process"))
     try:
-        yield factory(config())
+        yield factory(LONG_TTL)
     finally:
         factory.close()
 
@@ -122,6 +129,29 @@ def test_a_killed_trainer_takes_its_helper_with_it_and_its_files_go_back(
     # The helper sees its link close, gives back the files it holds, and exits.
     wait_until(lambda: all(process_gone(p) for p in tree), 60, "the helper to exit")
     wait_until(lambda: _leased(server) == 0, 60, "the helper's files given back")
+
+
+def test_ctrl_c_is_the_trainers_to_handle_not_the_helpers(server: Any) -> None:
+    """Ctrl-C reaches a terminal's whole process group; the helper ignores it and serves on
+    until its trainer closes the link (or dies)."""
+    ref = reference(server.address, 8)
+    with QueueClient(server.address, "d", rank=0, world_size=1, fetch_process=True) as client:
+        first = _rows(client, [ROWS])
+        helper = client._helper
+        assert helper is not None
+        os.kill(helper.proc.pid, signal.SIGINT)
+        rest = _rows(client, [ROWS] * 6)  # switches that need the helper, after the signal
+        assert helper.proc.poll() is None
+    assert first + rest == ref[: len(first) + len(rest)]
+    assert helper.proc.returncode == 0
+
+
+def test_a_best_effort_stream_through_the_helper_reads_rows_once(server: Any) -> None:
+    with QueueClient(server.address, "be", rank=0, world_size=1, fetch_process=True) as client:
+        rows = [tuple(r) for _ in range(40) for r in client.get_batch("train")[0].tolist()]
+        assert client.stream_view("train").seq is not None
+    assert len(set(rows)) == len(rows), "a row was served twice"
+    wait_until(lambda: int(server.split_stats("be")["leased_files"]) == 0, 60, "be's leases back")
 
 
 def test_fetch_process_needs_prefetch(server: Any) -> None:

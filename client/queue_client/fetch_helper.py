@@ -83,11 +83,15 @@ class Helper:
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="fetch-helper")
 
     def send(self, data: bytes, fd: int | None = None) -> None:
+        """Send a frame; a link already gone drops it (the reader then ends the helper)."""
         with self._send_lock:
-            if fd is None:
-                self.sock.sendall(data)
-            else:
-                socket.send_fds(self.sock, [data], [fd])
+            try:
+                if fd is None:
+                    self.sock.sendall(data)
+                else:
+                    socket.send_fds(self.sock, [data], [fd])
+            except OSError as exc:
+                log.debug("fetch helper: the link is gone: %s", exc)
 
     def send_error(self, split: int, slot: int, exc: BaseException) -> None:
         self.send(wire.json_frame({"op": "error", "split": split, "slot": slot,
@@ -199,7 +203,7 @@ class Helper:
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self, reader: Any) -> None:
-        while (payload := wire.read_frame(reader)) is not None:
+        while (payload := _next_frame(reader)) is not None:
             kind, fields = wire.parse(payload)
             if kind == "F":
                 self.pool.submit(self.fetch, *fields)
@@ -223,9 +227,25 @@ class Helper:
         self.client.close()
 
 
+def _next_frame(reader: Any) -> bytes | None:
+    """The next frame; None once the link is closed, also by a trainer that died with bytes
+    unread (the kernel then resets the connection instead of closing it)."""
+    try:
+        return wire.read_frame(reader)
+    except OSError as exc:
+        log.debug("fetch helper: the link ended: %s", exc)
+        return None
+
+
 def main() -> int:
     """Run a helper on the socket whose fd is argv[1] (passed by helper_link.start_helper)."""
+    import signal
+
     from queue_client.lane import yield_on_wakeup
+
+    # Ctrl-C reaches the whole process group: the trainer decides what happens (it closes
+    # the link, or dies and the link closes), and the helper gives its files back then.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     # SCHED_BATCH for this thread and every thread started after (they inherit it): woken
     # by the trainer's requests, the helper never preempts the trainer's thread.

@@ -84,6 +84,7 @@ class HelperLink:
             pass_fds=(theirs.fileno(),),
             env=env,
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # the trainer's stdout stays the trainer's (its logs: stderr)
         )
         theirs.close()
         ours.setblocking(False)  # reads never block unless asked to wait (select)
