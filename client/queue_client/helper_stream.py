@@ -111,6 +111,10 @@ class HelperStream(SplitStream):
         # A LoadedFile's derived views per (slot, seq-free shape): rebuilt only when a slot
         # holds a file of another shape.
         self._templates: dict[tuple[int, int, int], LoadedFile] = {}
+        # Per served field, whether a zero-copy batch of it would view the ring (a field
+        # stored as served): those are copied out. Known at the first batch.
+        self._clone: list[bool] | None = None
+        self._any_clone = False
 
     def _make_lane(self) -> Any:
         return _NoLane(f"the {self.source.dataset}/{self.split} stream")
@@ -118,9 +122,22 @@ class HelperStream(SplitStream):
     # ---- the hot path: as SplitStream, but never a view of a slot -------------------------
     def next_batch(self, transfer: Transfer, size: int) -> list[torch.Tensor]:
         tensors = super().next_batch(transfer, size)
-        if transfer.serves_views and self.codec.identity:
-            return [t.clone() for t in tensors]
+        if not transfer.serves_views:
+            return tensors  # copies and devices: new memory already
+        if self._any_clone:
+            clone = self._clone
+            assert clone is not None  # set with _any_clone, at the first file
+            return [t.clone() if c else t for t, c in zip(tensors, clone, strict=True)]
         return tensors
+
+    def _probe_views(self, loaded: LoadedFile) -> None:
+        """Which served fields a zero-copy batch gets as views of the ring (fields stored as
+        served): a one-row batch of the first file, looked at once. Batches that cross
+        files are new memory anyway; within a file the same fields are views every call."""
+        ring = self.link.rings[self.split].base.untyped_storage().data_ptr()
+        probe = loaded.views(0, min(1, loaded.rows))
+        self._clone = [t.untyped_storage().data_ptr() == ring for t in probe]
+        self._any_clone = any(self._clone)
 
     # ---- file boundaries ------------------------------------------------------------------
     def _submit(self) -> None:
@@ -189,6 +206,8 @@ class HelperStream(SplitStream):
         loaded.lease, loaded.seq, loaded.first, loaded.waited_s = ref, f.seq, None, 0.0
         loaded.start = item[1] if item is not None else 0
         self._slot_of[id(ref)] = f.slot
+        if self._clone is None:
+            self._probe_views(loaded)
         return loaded
 
     def _after_switch(self) -> None:
