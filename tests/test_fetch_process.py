@@ -154,6 +154,17 @@ def test_a_best_effort_stream_through_the_helper_reads_rows_once(server: Any) ->
     wait_until(lambda: int(server.split_stats("be")["leased_files"]) == 0, 60, "be's leases back")
 
 
+def test_the_helper_process_loads_no_torch(server: Any) -> None:
+    """torch would be most of the helper's memory and start: it moves bytes with numpy."""
+    with QueueClient(server.address, "d", rank=0, world_size=1, fetch_process=True) as client:
+        client.get_batch("train")
+        helper = client._helper
+        assert helper is not None
+        maps = Path(f"/proc/{helper.proc.pid}/maps").read_text()
+        assert "libtorch" not in maps, "the fetch helper loaded torch"
+        assert "libtorch" in Path(f"/proc/{os.getpid()}/maps").read_text()  # the check sees it
+
+
 def test_fetch_process_needs_prefetch(server: Any) -> None:
     with pytest.raises(InvalidRequest, match=r"fetch_process=True .* needs prefetch=True"):
         QueueClient(server.address, "d", rank=0, world_size=1, fetch_process=True, prefetch=False)

@@ -6,8 +6,9 @@ lease call, the file's map, layout and views, its release) takes the GIL and, on
 machine, a core at the moments the trainer wants them; measured, that alone keeps the p99 of
 get_batch over 0.1 ms in about half the loops of a tight loop on 2 cores, while the same loop
 with no loader work in its process meets it in every loop, busy processes beside it or not
-(BENCHMARKS.md). Here a helper process runs an ordinary QueueClient of its own and copies
-each file's stored rows into a slot of a ring of shared memory (a memfd, mapped once by both);
+(BENCHMARKS.md). Here a helper process runs a lease client of its own (helper_source.py:
+the same lease calls as QueueClient's, files read as numpy, no torch) and copies each file's
+stored rows into a slot of a ring of shared memory (a memfd, mapped once by both);
 the trainer's stream (helper_stream.py) finds the rows in the slot with no syscall and no
 GIL taken by anyone else.
 
@@ -67,17 +68,18 @@ class Ring:
 
 
 class Helper:
-    """The helper's side of the link: a QueueClient and the rings it fills."""
+    """The helper's side of the link: a lease client and the rings it fills."""
 
     def __init__(self, sock: socket.socket, client_kwargs: dict[str, Any]) -> None:
-        from queue_client.client import QueueClient
+        from queue_client.helper_source import HelperSource
 
         self.sock = sock
-        self.client = QueueClient(**client_kwargs)
+        kwargs = {k: v for k, v in client_kwargs.items() if k != "prefetch"}
+        self.source = HelperSource(**kwargs)
         self._send_lock = threading.Lock()
         self._ring_lock = threading.Lock()
         self.rings: dict[str, Ring] = {}
-        self.held: dict[tuple[int, int], Any] = {}  # (split index, slot) -> its LoadedFile
+        self.held: dict[tuple[int, int], Any] = {}  # (split index, slot) -> its StoredFile
         self.splits: dict[int, str] = {}  # the trainer's index of each split -> its name
         self._held_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="fetch-helper")
@@ -101,58 +103,38 @@ class Helper:
     def fetch(self, index: int, slot: int, slots: int, seq: int | None, carried: bool) -> None:
         try:
             split = self.splits[index]
-            loaded = self._load(split, seq, carried)
+            deadline = time.monotonic() + self.source.timeout_s
+            loaded = self.source.load(split, seq, carried, deadline)
         except BaseException as exc:  # every failure reaches the trainer, named
             self.send_error(index, slot, exc)
             return
         try:
             layout = self._copy_in(index, split, slot, loaded, slots)
         except BaseException as exc:
-            self.client.release(loaded.lease, pb.RETURNED)
+            self.source.release(loaded.ref, pb.RETURNED)
             self.send_error(index, slot, exc)
             return
+        finally:  # the file's map goes now; its lease stays until the trainer is done
+            loaded.arrays, loaded.keep = [], None
         with self._held_lock:
             self.held[(index, slot)] = loaded
         self.send(wire.ready_frame(index, slot, loaded.seq, loaded.num_batches,
-                                   loaded.batch_size, layout, loaded.lease.lease_id))  # fmt: skip
-
-    def _load(self, split: str, seq: int | None, carried: bool) -> Any:
-        from queue_client.leased_file import fetch_leased, open_leased
-        from queue_client.meta import split_schema
-        from queue_client.schema import FieldSpec
-        from queue_client.storage import codec_for
-
-        schema = split_schema(self.client.meta, split)
-        codec = codec_for(schema)
-        plain = codec_for(tuple(FieldSpec(f.name, f.dtype, f.shape) for f in schema))
-        deadline = time.monotonic() + self.client.timeout_s
-        return fetch_leased(
-            self.client, split, seq, carried, deadline,
-            lambda lease, ref: open_leased(self.client, codec, plain, lease, ref),
-        )  # fmt: skip
+                                   loaded.batch_size, layout, loaded.ref.lease_id))  # fmt: skip
 
     def _copy_in(self, index: int, split: str, slot: int, loaded: Any, slots: int) -> int:
         """Copy the file's stored rows into `slot` of the split's ring (made at the first
         file, with the memfd sent to the trainer): the id of the fields' layout in the slot,
         sent to the trainer the first time it is used."""
-        import torch
+        import numpy as np
 
-        from queue_client.schema import dtype_name
-
-        if not all(loaded.rowwise):
-            raise ValueError(
-                f"seq {loaded.seq} stores a tensor per batch, not per row: fetch_process serves "
-                "datasets whose stored tensors are all per row"
-            )
-        names = loaded.codec.stored_names
+        names = self.source.stored_names(split)
         with self._ring_lock:
             ring = self.rings.get(split)
             if ring is None:
                 layout = [
-                    (n, dtype_name(t.dtype), list(t.shape[2:]),
-                     t.element_size() * math.prod(t.shape[2:]))
-                    for n, t in zip(names, loaded.stored, strict=True)
-                ]  # fmt: skip
+                    (n, a.dtype.name, list(a.shape[2:]), a.itemsize * math.prod(a.shape[2:]))
+                    for n, a in zip(names, loaded.arrays, strict=True)
+                ]
                 ring = Ring(split, slots, layout, self._max_rows(loaded))
                 self.rings[split] = ring
                 self.send(wire.json_frame({"op": "ring", "split": index, "slots": ring.slots,
@@ -164,13 +146,15 @@ class Helper:
                 f"seq {loaded.seq} has {loaded.rows} rows, more than the {ring.max_rows} of a "
                 "ring slot (meta's batches_per_file x batch_size)"
             )
-        base = torch.frombuffer(ring.map, dtype=torch.uint8)
+        base = np.frombuffer(ring.map, dtype=np.uint8)
         fields = []
-        for (name, dtype, _shape, offset), t in zip(ring.fields, loaded.stored, strict=True):
+        for (name, dtype, _shape, offset), a in zip(ring.fields, loaded.arrays, strict=True):
+            if a.dtype.name != dtype:
+                raise ValueError(f"seq {loaded.seq} stores {name!r} as {a.dtype.name}, not {dtype}")
             start = slot * ring.slot_bytes + offset
-            dst = base[start : start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            dst.copy_(t)
-            fields.append([name, dtype, list(t.shape), offset])
+            dst = base[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+            np.copyto(dst, a)  # without the GIL: the helper's other fetches go on meanwhile
+            fields.append([name, dtype, list(a.shape), offset])
         key = repr(fields)
         with self._ring_lock:
             layout_id = ring.layouts.get(key)
@@ -181,9 +165,9 @@ class Helper:
         return layout_id
 
     def _max_rows(self, loaded: Any) -> int:
-        nb = self.client.meta.get("batches_per_file")
+        nb = self.source.meta.get("batches_per_file")
         if isinstance(nb, int) and nb > 0:
-            return max(nb * self.client.file_batch_size, loaded.rows)
+            return max(nb * self.source.file_batch_size, loaded.rows)
         return int(loaded.rows)
 
     def take_held(self, index: int, slot: int) -> Any:
@@ -197,7 +181,7 @@ class Helper:
 
         outcome = pb.CONSUMED if consumed else pb.RETURNED
         try:
-            self.client.release(loaded.lease, outcome, waited_s=waited_s)
+            self.source.release(loaded.ref, outcome, waited_s=waited_s)
         except errors.BatchQueueError as exc:
             log.warning("fetch helper: releasing seq %d failed: %s", loaded.seq, exc)
 
@@ -215,16 +199,16 @@ class Helper:
             elif kind == "J" and fields.get("op") == "split":
                 self.splits[int(fields["index"])] = str(fields["split"])
         # The trainer closed the link (or died): give back what is still held, unread.
-        self.client._closing = True  # fetches still waiting for a file give up at once
+        self.source._closing = True  # fetches still waiting for a file give up at once
         self.pool.shutdown(wait=True)
         with self._held_lock:
             held, self.held = list(self.held.items()), {}
         for _, loaded in held:
             try:
-                self.client.release(loaded.lease, pb.RETURNED)
+                self.source.release(loaded.ref, pb.RETURNED)
             except Exception as exc:  # the server may be gone too: the leases then expire
                 log.warning("fetch helper: returning seq %d failed: %s", loaded.seq, exc)
-        self.client.close()
+        self.source.close()
 
 
 def _next_frame(reader: Any) -> bytes | None:
@@ -262,7 +246,7 @@ def main() -> int:
         sock.sendall(wire.json_frame({"op": "error", "split": -1, "slot": -1,
                                       "kind": type(exc).__name__, "message": str(exc)}))  # fmt: skip
         return 1
-    helper.send(wire.json_frame({"op": "started", "client_id": helper.client.client_id}))
+    helper.send(wire.json_frame({"op": "started", "client_id": helper.source.client_id}))
     helper.run(reader)
     return 0
 

@@ -11,51 +11,19 @@ import torch
 from queue_client import errors
 from queue_client.batchfile import BatchFile, load_batch_file
 from queue_client.layout import DatasetLayout
+from queue_client.lease_path import leased_path, within
 from queue_client.wire import batchqueue_pb2 as pb
-
-# Leased paths' directories resolved, by (data root, dataset, directory): every file of a
-# split lies in one, and resolving a whole path walks each of its components (an lstat and
-# some Python each, under the GIL, in the trainer's process) for every file.
-_RESOLVED_DIRS: dict[tuple[Path, str, str], Path] = {}
-_RESOLVED_DIRS_MAX = 256
-
-
-def _within(root: Path, dataset: str, resolved: Path, leased: str) -> Path:
-    """`resolved` if it lies in the data root, or in the dataset's own directory wherever
-    that is (an operator may link it to another disk); PermissionDenied otherwise."""
-    if resolved.is_relative_to(root) or resolved.is_relative_to((root / dataset).resolve()):
-        return resolved
-    raise errors.PermissionDenied(
-        f"leased path {leased!r} lies outside the data root {root} and dataset {dataset!r}'s "
-        "directory"
-    )
-
-
-def _leased_path(root: Path, dataset: str, leased: str) -> Path:
-    """The leased file under `root`: its directory resolved (once) and checked to lie in the
-    root or the dataset's directory; PermissionDenied where it does not."""
-    directory, _, name = leased.rpartition("/")
-    if name in ("", ".", ".."):
-        return _within(root, dataset, (root / leased).resolve(), leased)
-    key = (root, dataset, directory)
-    resolved = _RESOLVED_DIRS.get(key)
-    if resolved is None:
-        resolved = _within(root, dataset, (root / directory).resolve(), leased)
-        if len(_RESOLVED_DIRS) >= _RESOLVED_DIRS_MAX:
-            _RESOLVED_DIRS.clear()
-        _RESOLVED_DIRS[key] = resolved
-    return resolved / name
 
 
 def map_leased(
     root: Path, dataset: str, verify_checksums: bool, lease: pb.Lease
 ) -> tuple[str, BatchFile]:
     """Verify the leased file under data_root and map it: (its path, the file)."""
-    path = _leased_path(root, dataset, lease.path)
+    path = leased_path(root, dataset, lease.path)
     try:
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode):  # a link (the server makes none): followed, checked
-            path = _within(root, dataset, path.resolve(), lease.path)
+            path = within(root, dataset, path.resolve(), lease.path)
             st = path.stat()
         size = st.st_size
     except FileNotFoundError:

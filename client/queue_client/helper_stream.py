@@ -172,7 +172,13 @@ class HelperStream(SplitStream):
             raise
         now = self._clock()
         self.read_ahead.fetched(now - job.submitted)
-        loaded = self._loaded(slot_file, item)
+        try:
+            loaded = self._loaded(slot_file, item)
+        except BaseException:
+            self.link.done(self.split, job.slot, False)  # unread: the helper returns it
+            self._free.append(job.slot)
+            self._give_back_pending(item)
+            raise
         loaded.waited_s = now - began
         if self.current is not None:
             self._finished.append(self.current)
@@ -193,6 +199,16 @@ class HelperStream(SplitStream):
         if template is None or any(
             a is not b for a, b in zip(template.stored, f.stored, strict=True)
         ):
+            # The helper moves bytes; what they are is checked here, once per layout.
+            try:
+                self.codec.check_stored(
+                    dict(zip(self.codec.stored_names, f.stored, strict=True)),
+                    (f.num_batches, f.batch_size),
+                )
+            except errors.SchemaMismatch as exc:
+                raise errors.SchemaMismatch(
+                    f"{self.source.dataset}/{self.split} seq {f.seq}, from the fetch helper: {exc}"
+                ) from None
             # Every slot's at once, for files of this shape: the switches to come find theirs
             # made (each costs the trainer's thread some 100 µs of torch calls to make).
             for s in range(self.slots):
