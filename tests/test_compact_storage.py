@@ -184,6 +184,17 @@ def as_format_1(meta: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
+def format_1_root(fresh_root: Path, old_root: Path, dataset: str) -> DatasetLayout:
+    """`dataset` of `fresh_root` as a batchqueue before format 2 left it, under `old_root`:
+    its meta.pkl without the format (so the server writes format 1 files), its inputs."""
+    fresh = DatasetLayout(fresh_root, dataset)
+    old = DatasetLayout(old_root, dataset)
+    old.dir.mkdir(parents=True)
+    dump_meta(old.meta_file, as_format_1(load_meta(fresh.meta_file)))
+    old.inputs_file.write_bytes(fresh.inputs_file.read_bytes())
+    return old
+
+
 def _made(builder: Builder, tmp: Path, big: bool) -> tuple[Any, Any, dict[str, Any]]:
     """The provider on a new dataset dir (the current format, compact), and one on the same
     data whose meta is from before format 2 (format 1)."""
@@ -572,14 +583,8 @@ def test_an_old_data_dir_keeps_serving_format_1_files(
     assert [(f.dtype, f.stored_dtype, f.storage) for f in schema.fields] == [
         ("int64", "uint16", "window")
     ] * 2
-    fresh_layout = DatasetLayout(tmp_path / "fresh", "chars")
-    meta = load_meta(fresh_layout.meta_file)
     fresh.stop()
-    # The same dataset as a batchqueue before format 2 left it: meta.pkl without the format.
-    old_layout = DatasetLayout(tmp_path / "old", "chars")
-    old_layout.dir.mkdir(parents=True)
-    dump_meta(old_layout.meta_file, as_format_1(meta))
-    old_layout.inputs_file.write_bytes(fresh_layout.inputs_file.read_bytes())
+    old_layout = format_1_root(tmp_path / "fresh", tmp_path / "old", "chars")
     old = start_server(config, data_root=tmp_path / "old")
     with QueueClient(old.address, "chars") as c:
         old_batches = _read(c, "train", 10)

@@ -222,23 +222,16 @@ def test_an_old_root_of_format_1_files_is_served_through_the_helper(
 ) -> None:
     """Files of format 1 (torch's own, from a root built before format 2) are read by the
     helper with torch after all; the batches are those of a fresh root."""
-    from test_compact_storage import _read, _same, as_format_1
+    from test_compact_storage import _read, _same, format_1_root
 
     from conftest import char_config
-    from queue_client.layout import DatasetLayout
-    from queue_client.meta import dump_meta, load_meta
 
     config = char_config(corpus, batches_per_file=4)
     fresh = start_server(config, data_root=tmp_path / "fresh")
     with QueueClient(fresh.address, "chars", fetch_process=True) as client:
         new_batches = _read(client, "train", 10)
-    fresh_layout = DatasetLayout(tmp_path / "fresh", "chars")
-    meta = load_meta(fresh_layout.meta_file)
     fresh.stop()
-    old_layout = DatasetLayout(tmp_path / "old", "chars")
-    old_layout.dir.mkdir(parents=True)
-    dump_meta(old_layout.meta_file, as_format_1(meta))
-    old_layout.inputs_file.write_bytes(fresh_layout.inputs_file.read_bytes())
+    format_1_root(tmp_path / "fresh", tmp_path / "old", "chars")
     old = start_server(config, data_root=tmp_path / "old")
     with QueueClient(old.address, "chars", fetch_process=True) as client:
         old_batches = _read(client, "train", 10)
