@@ -101,7 +101,7 @@ class HelperLink:
         self.closed = False
         try:
             self.send(wire.json_frame({"op": "start", "client": client_kwargs}))
-            started = self._next_message(time.monotonic() + START_TIMEOUT_S, "to start")
+            started = self._next_message(time.monotonic() + START_TIMEOUT_S)
         except BaseException:
             self.close()
             raise
@@ -238,7 +238,7 @@ class HelperLink:
         else:
             self._arrived[("", -1)] = msg  # "started", or an error before it
 
-    def _next_message(self, deadline: float, what: str) -> dict[str, Any]:
+    def _next_message(self, deadline: float) -> dict[str, Any]:
         self.flush()
         while ("", -1) not in self._arrived:
             remaining = deadline - time.monotonic()
@@ -275,6 +275,8 @@ class HelperLink:
             self.proc.kill()
             self.proc.wait()
         self.sock.close()
+        # The rings' memory goes once nothing views it (no batch ever does: helper_stream.py).
+        self.rings.clear()
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
