@@ -239,3 +239,19 @@ def test_an_old_root_of_format_1_files_is_served_through_the_helper(
         assert helper is not None
         assert "libtorch" in Path(f"/proc/{helper.proc.pid}/maps").read_text()
     assert _same(new_batches, old_batches)
+
+
+def test_a_helper_looking_in_the_wrong_data_root_is_named_and_quarantines_nothing(
+    server: Any, tmp_path: Path
+) -> None:
+    """transport="file" with a data_root that is not the server's: the helper finds no file,
+    and that is the client's mistake, not a corrupt file (nothing is quarantined)."""
+    before = int(server.split_stats("d")["quarantined_files"])
+    with QueueClient(
+        server.address, "d", rank=0, world_size=1, fetch_process=True, transport="file",
+        data_root=tmp_path, timeout_s=30,
+    ) as client:  # fmt: skip
+        with pytest.raises(InvalidRequest, match=r"is not visible here: data_root .* does not"):
+            client.get_batch("train")
+    assert int(server.split_stats("d")["quarantined_files"]) == before
+    wait_until(lambda: _leased(server) == 0, 60, "the file given back")

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 import torch
 
-from queue_client import errors
 from queue_client.batchfile import BatchFile, load_batch_file
-from queue_client.layout import DatasetLayout
-from queue_client.lease_path import leased_path, within
+from queue_client.lease_path import leased_file
 from queue_client.wire import batchqueue_pb2 as pb
 
 
@@ -19,27 +16,7 @@ def map_leased(
     root: Path, dataset: str, verify_checksums: bool, lease: pb.Lease
 ) -> tuple[str, BatchFile]:
     """Verify the leased file under data_root and map it: (its path, the file)."""
-    path = leased_path(root, dataset, lease.path)
-    try:
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode):  # a link (the server makes none): followed, checked
-            path = within(root, dataset, path.resolve(), lease.path)
-            st = path.stat()
-        size = st.st_size
-    except FileNotFoundError:
-        if not DatasetLayout(root, dataset).meta_file.exists():
-            # Not a bad file: this client looks in the wrong place. Nothing to quarantine.
-            raise errors.InvalidRequest(
-                f"{path} is not visible here: data_root {root} does not hold the server's "
-                f"dataset {dataset!r}; pass QueueClient(data_root=...) or set "
-                "BATCHQUEUE_DATA_ROOT to where the server's data root is mounted, or "
-                'stream the files with transport="grpc" (or "auto")'
-            ) from None
-        raise errors.CorruptBatchFile(f"{path} is missing from the data root") from None
-    if size != lease.size_bytes:
-        raise errors.CorruptBatchFile(
-            f"{path} has {size} bytes, the server wrote {lease.size_bytes}"
-        )
+    path = leased_file(root, dataset, lease)
     if not verify_checksums:
         page_in(path)
     return str(path), load_batch_file(path, crc32=lease.crc32 if verify_checksums else None)

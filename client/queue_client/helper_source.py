@@ -13,7 +13,6 @@ from __future__ import annotations
 import mmap
 import os
 import socket
-import stat
 import threading
 import uuid
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import numpy as np
 
 from queue_client import batchfile_v3, checksum, errors
 from queue_client.fetch import FileFetcher
-from queue_client.lease_path import leased_path, within
+from queue_client.lease_path import leased_file
 from queue_client.lease_retry import fetch_leased
 from queue_client.leasing import LeaseMixin
 from queue_client.meta import meta_from_json, split_schema
@@ -162,16 +161,8 @@ class HelperSource(LeaseMixin):
 
     def _map(self, lease: pb.Lease) -> tuple[str, mmap.mmap]:
         """The leased file under the data root, mapped and verified (size, crc32)."""
-        path = leased_path(self.data_root, self.dataset, lease.path)
+        path = leased_file(self.data_root, self.dataset, lease)
         try:
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):  # a link (the server makes none): followed, checked
-                path = within(self.data_root, self.dataset, path.resolve(), lease.path)
-                st = path.stat()
-            if st.st_size != lease.size_bytes:
-                raise errors.CorruptBatchFile(
-                    f"{path} has {st.st_size} bytes, the server wrote {lease.size_bytes}"
-                )
             fd = os.open(path, os.O_RDONLY)
             try:
                 mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)

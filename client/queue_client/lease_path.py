@@ -4,9 +4,13 @@ Without torch, for the fetch helper as for the client's own fetches."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from queue_client import errors
+from queue_client.layout import DatasetLayout
+from queue_client.wire import batchqueue_pb2 as pb
 
 # Leased paths' directories resolved, by (data root, dataset, directory): every file of a
 # split lies in one, and resolving a whole path walks each of its components (an lstat and
@@ -40,3 +44,29 @@ def leased_path(root: Path, dataset: str, leased: str) -> Path:
             _RESOLVED_DIRS.clear()
         _RESOLVED_DIRS[key] = resolved
     return resolved / name
+
+
+def leased_file(root: Path, dataset: str, lease: pb.Lease) -> Path:
+    """The leased file under `root`, checked: within the root, of the size the lease says.
+    A file missing where the dataset itself is missing is this client looking in the wrong
+    place (InvalidRequest, nothing to quarantine); else CorruptBatchFile."""
+    path = leased_path(root, dataset, lease.path)
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):  # a link (the server makes none): followed, checked
+            path = within(root, dataset, path.resolve(), lease.path)
+            st = path.stat()
+    except FileNotFoundError:
+        if not DatasetLayout(root, dataset).meta_file.exists():
+            raise errors.InvalidRequest(
+                f"{path} is not visible here: data_root {root} does not hold the server's "
+                f"dataset {dataset!r}; pass QueueClient(data_root=...) or set "
+                "BATCHQUEUE_DATA_ROOT to where the server's data root is mounted, or "
+                'stream the files with transport="grpc" (or "auto")'
+            ) from None
+        raise errors.CorruptBatchFile(f"{path} is missing from the data root") from None
+    if st.st_size != lease.size_bytes:
+        raise errors.CorruptBatchFile(
+            f"{path} has {st.st_size} bytes, the server wrote {lease.size_bytes}"
+        )
+    return path
