@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,16 +28,28 @@ DENOMINATOR = 10_000
 _MAX_BLOCKS = 4096
 
 
+def is_weight_number(value: object) -> bool:
+    """A real number a caller may give as a weight or alpha: Python's or numpy's scalars
+    (numpy.float32, numpy.int64 register as numbers.Real; numpy.bool_ does not), never a
+    bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def quantize(weights: Sequence[float]) -> tuple[int, ...]:
     """Integer quotas summing to DENOMINATOR, in proportion to `weights` (largest remainder,
-    ties to the lowest index). Raises ValueError naming a negative, NaN or all-zero weight."""
+    ties to the lowest index). Raises ValueError naming a negative, NaN or all-zero weight.
+
+    Weights are divided by the largest first, so any finite weights quantize, also ones whose
+    sum overflows a float (1e308 + 1e308)."""
     for i, w in enumerate(weights):
-        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+        if not (is_weight_number(w) and math.isfinite(w) and w >= 0):
             raise ValueError(f"weight {i} is {w!r}: expected a finite number >= 0")
-    total = float(sum(weights))
-    if total <= 0:
+    largest = float(max(weights, default=0.0))
+    if largest <= 0:
         raise ValueError(f"weights {list(weights)} are all zero: at least one must be > 0")
-    exact = [w * DENOMINATOR / total for w in weights]
+    scaled = [float(w) / largest for w in weights]  # each in [0, 1]: the sum is at most k
+    total = sum(scaled)
+    exact = [w * DENOMINATOR / total for w in scaled]
     quotas = [math.floor(x) for x in exact]
     order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - quotas[i]), i))
     for i in order[: DENOMINATOR - sum(quotas)]:
@@ -213,10 +226,7 @@ def check_weights(weights: Mapping[str, object], names: Sequence[str], where: st
     bad = {
         n: w
         for n, w in weights.items()
-        if isinstance(w, bool)
-        or not isinstance(w, (int, float))
-        or not math.isfinite(float(w))
-        or float(w) < 0
+        if not is_weight_number(w) or not math.isfinite(float(w)) or float(w) < 0  # type: ignore[arg-type]
     }
     if bad:
         raise ValueError(f"{where}: weight(s) {bad} must be finite numbers >= 0")

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from queue_client import errors
+from queue_client.mixture import is_weight_number
 from queue_client.resume import StreamPlan
 from queue_client.rpc import Rpc
 from queue_client.stream import SplitStream
@@ -39,7 +40,7 @@ class SteeringMixin:
         files. Call it from every rank at the same step, or from one; both are deterministic.
         """
         self._check_split(split)
-        if alpha is not None and not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
+        if alpha is not None and not (is_weight_number(alpha) and 0.0 <= alpha <= 1.0):
             raise errors.InvalidRequest(f"alpha {alpha!r} is outside [0, 1]")
         request = pb.SetCurriculumRequest(
             dataset=self.dataset,
@@ -71,7 +72,7 @@ class SteeringMixin:
             request.reset = True
         else:
             for name, weight in weights.items():
-                if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                if not is_weight_number(weight):
                     raise errors.InvalidRequest(
                         f"weight of source {name!r} is {weight!r}: not a number"
                     )

@@ -72,6 +72,17 @@ class MixtureView:
             if self.epochs_dir is not None and any(self.ordered_epochs):
                 self._epoch_starts = read_epoch_starts(self.epochs_dir)
 
+    def check(self, changes: Sequence[tuple[int, Mapping[str, float] | None]]) -> None:
+        """Build the row schedule `changes` give, with the code the workers compose with
+        (ValueError naming why it cannot be built). A change is checked with this before it
+        is journaled, and a journal's changes before they are replayed; the schedule stays
+        cached for stats()."""
+        with self._prepare_lock:
+            try:
+                self._cache.get(self.plan.segments(self.plan.by_name(changes)))
+            except (ValueError, RuntimeError, OverflowError) as exc:
+                raise ValueError(str(exc)) from None
+
     def epochs(self, source: int, rows: int) -> float | None:
         """Epochs of a source's own data in its first `rows` rows (see the module doc)."""
         tokens = self.epoch_tokens[source] if source < len(self.epoch_tokens) else None
@@ -103,6 +114,8 @@ class MixtureView:
         counts, targets = schedule.counts(rows), schedule.targets(rows)
         before, targets_before = schedule.counts(start), schedule.targets(start)
         weights = self.plan.weights_at(consumed_files, by_name)
+        largest = max(weights, default=0.0) or 1.0  # 1e308 + 1e308 would overflow the sum
+        weights = tuple(w / largest for w in weights)
         total = sum(weights) or 1.0
         window = rows - start
         sources = []

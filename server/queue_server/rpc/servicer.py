@@ -20,7 +20,9 @@ from queue_client.batchfile import check_dataset_name
 from queue_client.codes import status_for
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_server.curriculum import changes as curriculum_changes
 from queue_server.dataset import DatasetRuntime
+from queue_server.mixture import changes as mixture_changes
 from queue_server.process_memory import rss_of
 from queue_server.rpc import request_bounds
 from queue_server.rpc.fetch_streams import FetchStreams
@@ -276,7 +278,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         queue = self._queue(runtime, request.split or "train")
         alpha = request.alpha if request.HasField("alpha") else None
         position = request.position_seq if request.HasField("position_seq") else None
-        at = queue.set_curriculum(alpha, position, request.rank)
+        at = await curriculum_changes.set_curriculum(queue, alpha, position, request.rank)
         return pb.SetCurriculumResponse(effective_seq=at)
 
     @_translate
@@ -288,7 +290,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         queue = self._queue(runtime, request.split or "train")
         weights = None if request.reset else dict(request.weights)
         position = request.position_seq if request.HasField("position_seq") else None
-        at = queue.set_mixture(weights, position, request.rank)
+        at = await mixture_changes.set_mixture(queue, weights, position, request.rank)
         return pb.SetMixtureResponse(effective_seq=at)
 
     @_translate

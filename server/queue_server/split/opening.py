@@ -14,9 +14,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from queue_server.curriculum import changes as curriculum_changes
 from queue_server.journal.file import JournalLost
 from queue_server.journal.reconcile import reconcile
 from queue_server.journal.records import AlphaChange, MixtureChange
+from queue_server.mixture import changes as mixture_changes
 
 if TYPE_CHECKING:
     from queue_server.split.queue import SplitQueue
@@ -54,10 +56,26 @@ async def restore(queue: SplitQueue) -> None:
         schedule.last_consumed = dict(summary.last_consumed)
     elif journaled == served.world_size:  # a fixed world: positions in another lapse
         schedule.last_consumed = dict(summary.last_consumed)
-    changes = summary.alpha_changes
-    queue.alpha_overrides = [(c.at, c.alpha) for c in changes if isinstance(c, AlphaChange)]
-    queue.mixture_changes = [(c.at, c.weights) for c in changes if isinstance(c, MixtureChange)]
+    await replay_changes(queue, summary.alpha_changes)
     queue.production.resume(summary.last_forward)
+
+
+async def replay_changes(queue: SplitQueue, changes: list[AlphaChange | MixtureChange]) -> None:
+    """The journal's SetCurriculum and SetMixture changes, each checked with the code that
+    applies it (in a thread: a mixture's schedule is simulated). A record that cannot be
+    applied is left out and named in the log and the split's last error: the dataset serves
+    on, since no file past its seq could have been made with it."""
+    alphas = [c for c in changes if isinstance(c, AlphaChange)]
+    mixes = [c for c in changes if isinstance(c, MixtureChange)]
+    queue.alpha_overrides, refused = curriculum_changes.replayable(alphas)
+    if mixes:
+        queue.mixture_changes, more = await asyncio.to_thread(
+            mixture_changes.replayable, queue, mixes
+        )
+        refused += more
+    for line in refused:
+        log.error("%s: %s (journal %s)", queue.where, line, queue.journal.path)
+        queue.state.last_error = line
 
 
 class StartGate:

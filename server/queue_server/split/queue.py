@@ -21,12 +21,10 @@ from queue_client.layout import DatasetLayout
 from queue_server.background import BackgroundTasks
 from queue_server.config.served_ranks import EVERY_RANK, ServedRanks
 from queue_server.config.server import DatasetConfig
-from queue_server.curriculum import changes as curriculum_changes
 from queue_server.journal.file import Journal
 from queue_server.journal.keeper import JournalKeeper
 from queue_server.journal.reconcile import remove_unjournaled
 from queue_server.journal.records import AlphaChange, Consumed, MixtureChange, Quarantined
-from queue_server.mixture import changes as mixture_changes
 from queue_server.mixture.config import is_mixture
 from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProductionBackend, WorkerPlace
@@ -109,6 +107,7 @@ class SplitQueue:
         self.mixture = is_mixture(config.provider) and not candidates
         self.mixture_changes: list[tuple[int, dict[str, float] | None]] = []
         self.mixture_view: MixtureView | None = None  # set by the dataset, from its meta
+        self.steering_lock = asyncio.Lock()  # SetMixture/SetCurriculum: one at a time
         self.production = Production(
             self.where,
             split,
@@ -339,7 +338,7 @@ class SplitQueue:
         self.changed.notify()
         self.production.kick()
 
-    def _journal(self, record: Consumed | Quarantined | AlphaChange | MixtureChange) -> None:
+    def append_record(self, record: Consumed | Quarantined | AlphaChange | MixtureChange) -> None:
         """Journal first, memory after: a record that cannot be written changes nothing."""
         try:
             self.keeper.append(record)
@@ -363,14 +362,19 @@ class SplitQueue:
                 self.production.kick()
             await self._leases_changed.wait(self.leases.seconds_to_next_expiry())
 
-    # ---- curriculum -----------------------------------------------------------------------
-    def set_curriculum(self, alpha: float | None, position: int | None, rank: int) -> int:
-        """SetCurriculum (queue_server/curriculum/changes.py); returns the first seq it applies to."""
-        return curriculum_changes.set_curriculum(self, alpha, position, rank)
+    # ---- steering (queue_server/steering/port.py: what SetMixture and SetCurriculum use) ----
+    def first_unmade(self) -> int:
+        """The first seq past every seq made or being made by any slot."""
+        plan = self.production.plan
+        return max(
+            nxt + plan.slots if nxt in plan.in_production else nxt for nxt in plan.next_forward
+        )
 
-    def set_mixture(self, weights: dict[str, float] | None, position: int | None, rank: int) -> int:
-        """SetMixture (queue_server/mixture/changes.py); returns the first seq it applies to."""
-        return mixture_changes.set_mixture(self, weights, position, rank)
+    def earliest_unmade(self) -> int:
+        return self.production.earliest_unmade()
+
+    def change_point(self, position: int | None, earliest: int) -> int:
+        return earliest if position is None else self.schedule.change_point(position, earliest)
 
     # ---- stats ----------------------------------------------------------------------------
     def snapshot(self) -> SplitSnapshot:

@@ -28,7 +28,7 @@ log = logging.getLogger("queue_server.split")
 
 def consume(queue: SplitQueue, lease: Lease, entry: FileEntry, why: str) -> None:
     """The leased file was read to its end: journaled, its lease dropped, the file deleted."""
-    queue._journal(Consumed(lease.seq, lease.world_size))
+    queue.append_record(Consumed(lease.seq, lease.world_size))
     queue.leases.drop(lease, why)
     del queue.state.files[lease.seq]
     queue.state.consumed.add(lease.seq)
@@ -40,7 +40,7 @@ def consume(queue: SplitQueue, lease: Lease, entry: FileEntry, why: str) -> None
 
 def quarantine(queue: SplitQueue, entry: FileEntry, reason: str) -> None:
     """Move a file aside with its reason; in deterministic mode its seq is produced again."""
-    queue._journal(Quarantined(entry.seq, reason[:500]))
+    queue.append_record(Quarantined(entry.seq, reason[:500]))
     queue.state.files.pop(entry.seq, None)
     queue.state.quarantined.add(entry.seq)
     queue.state.counters.quarantined_files += 1
