@@ -6,6 +6,7 @@ ids: every row of these tiny files is distinct) against a reference read of the 
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -145,6 +146,46 @@ def test_out_buffers_take_any_batch_size(server: Any) -> None:
             client.get_batch("train", out, batch_size=3)
         with pytest.raises(InvalidRequest, match="batch_size must be an int >= 1, got 0"):
             client.get_batch("train", batch_size=0)
+
+
+def test_a_batch_size_past_a_batchs_memory_is_refused_and_numpy_sizes_serve(
+    server: Any,
+) -> None:
+    """A batch's served fields may take MAX_BATCH_BYTES (16 GiB): 2**63, 10**9 and one row
+    past the bound (x and y of 4 int64: 64 bytes a row) are refused naming batch_size and
+    the bound, before torch is asked for the memory, and the stream serves on. numpy
+    integers are sizes, in get_batch and in QueueDataset; numpy bools and floats are not."""
+    import numpy as np
+    from torch.utils.data import DataLoader
+
+    from queue_client import QueueDataset
+    from queue_client.rows import MAX_BATCH_BYTES
+
+    ref = reference(server.address, 2)
+    bound = MAX_BATCH_BYTES // 64
+    with QueueClient(server.address, "d", rank=0, world_size=1) as client:
+        for size in (2**63, 10**9, bound + 1):
+            with pytest.raises(
+                InvalidRequest,
+                match=rf"^batch_size={size} is more rows than one batch of d/train may hold: "
+                rf"at most {bound} \(16 GiB of served fields at 64 bytes a row\)$",
+            ):
+                client.get_batch("train", batch_size=size)
+        x, _ = client.get_batch("train", batch_size=np.int64(3))
+        assert [tuple(r) for r in x.tolist()] == ref[:3]
+        x, _ = client.get_batch("train", batch_size=np.uint8(10))  # crosses into seq 1
+        assert [tuple(r) for r in x.tolist()] == ref[3:13]
+        for bad in (np.True_, np.float32(3), 3.0):
+            with pytest.raises(
+                InvalidRequest, match=re.escape(f"batch_size must be an int >= 1, got {bad!r}")
+            ):
+                client.get_batch("train", batch_size=bad)  # type: ignore[arg-type]
+    with QueueDataset(
+        server.address, "d", "train", rank=0, world_size=1, batch_size=np.int32(5), max_batches=2
+    ) as ds:
+        assert ds.batch_size == 5 and type(ds.batch_size) is int
+        got = [tuple(r) for x, _ in DataLoader(ds, batch_size=None) for r in x.tolist()]
+    assert got == ref[:10]
 
 
 def test_a_grad_accumulation_layout_refuses_another_batch_size(

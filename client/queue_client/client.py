@@ -32,7 +32,7 @@ from queue_client.helper_stream import open_helper_stream
 from queue_client.leasing import LeaseMixin
 from queue_client.meta import meta_from_json, split_schema
 from queue_client.resume import STATE_VERSION, StreamPlan, plan_resume
-from queue_client.rows import rows_dependence
+from queue_client.rows import batch_size_of, rows_dependence
 from queue_client.rpc import Rpc
 from queue_client.schema import FieldSpec
 from queue_client.steering import SteeringMixin
@@ -173,11 +173,13 @@ class QueueClient(LeaseMixin, SteeringMixin):
     ) -> Batch:
         """The next batch of `split`: (X, Y) for x/y schemas, else a dict of tensors.
 
-        batch_size: the rows of this batch (default: the server's batch_size). Any size, per
-        call: a batch takes the next rows of the stream, from the end of one file and the
-        start of the next where it must, and state_dict() records rows, so a batch-size ramp
-        resumes exactly. A dataset whose batches are made whole (grad-accumulation [A, B, T]
-        layouts, curriculum splits) serves only its files' size, and says why otherwise.
+        batch_size: the rows of this batch (default: the server's batch_size), a Python or
+        numpy integer. Any size, per call, up to the rows whose served fields fit in
+        MAX_BATCH_BYTES (16 GiB; a larger one is refused naming both): a batch takes the
+        next rows of the stream, from the end of one file and the start of the next where it
+        must, and state_dict() records rows, so a batch-size ramp resumes exactly. A dataset
+        whose batches are made whole (grad-accumulation [A, B, T] layouts, curriculum
+        splits) serves only its files' size, and says why otherwise.
 
         With `out` (the same structure, tensors of the batch's shapes and dtypes, on this
         client's device), the batch is copied into those tensors and `out` is returned: a
@@ -191,10 +193,13 @@ class QueueClient(LeaseMixin, SteeringMixin):
             stream = self._open_stream(split)
         if batch_size is None:
             size = self.batch_size
-        else:
-            if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-                raise errors.InvalidRequest(f"batch_size must be an int >= 1, got {batch_size!r}")
+        elif type(batch_size) is int and batch_size >= 1:
             size = batch_size
+        else:  # numpy integers too; check_size bounds every size but the files' own
+            checked = batch_size_of(batch_size)
+            if checked is None:
+                raise errors.InvalidRequest(f"batch_size must be an int >= 1, got {batch_size!r}")
+            size = checked
         if size != self.file_batch_size:
             stream.check_size(size)
         if out is not None:

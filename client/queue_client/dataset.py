@@ -39,6 +39,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from queue_client.client import Batch, QueueClient
 from queue_client.errors import InvalidRequest
 from queue_client.resume import STATE_VERSION
+from queue_client.rows import batch_size_of
 from queue_client.world import World
 
 State = Mapping[str, Any] | Sequence[Mapping[str, Any]]
@@ -77,9 +78,8 @@ class QueueDataset(IterableDataset[Batch]):
         super().__init__()
         if max_batches is not None and max_batches < 0:
             raise ValueError(f"max_batches {max_batches} must be >= 0 or None")
-        if batch_size is not None and (
-            not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
-        ):
+        size = None if batch_size is None else batch_size_of(batch_size)
+        if batch_size is not None and size is None:
             raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
         if "device" in client_kwargs:
             raise TypeError(
@@ -91,7 +91,7 @@ class QueueDataset(IterableDataset[Batch]):
         self.trainer = World.detect(rank, world_size)
         self.max_batches = max_batches
         self.copy = copy
-        self.batch_size = batch_size
+        self.batch_size = size  # a Python int, also when given a numpy one
         self.client_kwargs = client_kwargs
         self._client: QueueClient | None = None
         self._client_pid: int | None = None

@@ -16,6 +16,7 @@ of their own (`views`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,31 @@ def rows_dependence(meta: Mapping[str, Any], codec: BatchCodec, split: str = "")
     if any(f.storage.exceptions for f in codec.schema):
         return "its files store end-of-document exceptions per batch, not per row"
     return ""
+
+
+# The most bytes one batch's served fields may take: far above a rank's batch on any device
+# (8192-token rows of int64 x and y are 128 KiB a row, so 131072 rows), it turns a mistyped
+# batch_size into a message naming it instead of a request to torch's allocator for more
+# memory than a machine has. A batch may span any number of files (stream.py releases each
+# as its rows are copied), so memory is the only bound.
+MAX_BATCH_BYTES = 16 * 2**30
+
+
+def max_batch_rows(row_bytes: int) -> int:
+    """The most rows of `row_bytes` served bytes each that one batch may hold (at least 1)."""
+    return max(1, MAX_BATCH_BYTES // max(1, row_bytes))
+
+
+def batch_size_of(value: object) -> int | None:
+    """`value` as a batch size: a Python or numpy integer >= 1 (bools are not sizes), else
+    None for the caller to refuse in its own words."""
+    if isinstance(value, bool):
+        return None
+    try:
+        size = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return size if size >= 1 else None
 
 
 @dataclass

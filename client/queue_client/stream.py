@@ -34,7 +34,7 @@ from queue_client.lane import Lane
 from queue_client.leased_file import fetch_leased, open_leased
 from queue_client.readahead import read_ahead_for
 from queue_client.resume import StreamPlan
-from queue_client.rows import LoadedFile, rows_dependence
+from queue_client.rows import MAX_BATCH_BYTES, LoadedFile, max_batch_rows, rows_dependence
 from queue_client.schema import FieldSpec, is_xy, torch_dtype
 from queue_client.storage import codec_for
 from queue_client.stream_api import Finished, LeaseRef, LeaseSource, StreamView
@@ -72,6 +72,8 @@ class SplitStream(StreamReleases):
         self._plain_codec = codec_for(tuple(FieldSpec(f.name, f.dtype, f.shape) for f in schema))
         # What a row is served as: (shape, dtype) per field.
         self.row_served = [(torch.Size(f.shape), torch_dtype(f.dtype)) for f in schema]
+        self.row_bytes = sum(s.numel() * d.itemsize for s, d in self.row_served)
+        self.max_rows = max_batch_rows(self.row_bytes)  # the largest batch_size served
         # Why a batch must be the file's own (empty: any size, rows cross files freely).
         self.dependence = dependence or rows_dependence({}, self.codec)
         self.stride = seq_stride
@@ -115,9 +117,18 @@ class SplitStream(StreamReleases):
         return [(torch.Size((size, *shape)), dtype) for shape, dtype in self.row_served]
 
     def check_size(self, size: int) -> None:
-        """Refuse a batch size the stream cannot serve, naming why."""
+        """Refuse a batch size the stream cannot serve, naming why: one past `max_rows`, or
+        any but the files' own where rows depend on their batch."""
         unit = self.source.file_batch_size
-        if size == unit or not self.dependence:
+        if size == unit:
+            return
+        if size > self.max_rows:
+            raise errors.InvalidRequest(
+                f"batch_size={size} is more rows than one batch of "
+                f"{self.source.dataset}/{self.split} may hold: at most {self.max_rows} "
+                f"({MAX_BATCH_BYTES >> 30} GiB of served fields at {self.row_bytes} bytes a row)"
+            )
+        if not self.dependence:
             return
         raise errors.InvalidRequest(
             f"{self.source.dataset}/{self.split} serves batches of its files' {unit} rows "
