@@ -237,3 +237,37 @@ def test_first_unread_counts_the_seq_a_rank_waits_for() -> None:
     schedule.note_request(1, 9, pin=False)
     assert schedule.first_unread(1, {}) == 9  # asked for, not yet leased: not read
     assert schedule.first_unread(1, {1: 7}) == 7  # still holds an older file
+
+
+@pytest.mark.parametrize(
+    ("held", "asked", "next_forward", "seq", "blamed"),
+    [
+        # One slot stuck at seq 9 of rank 1, whose window is 1..7: rank 0's seq 10 waits.
+        ({}, {0: 10}, [9], 10, "rank 1 has not read its seqs 1, 3, 5, 7"),
+        # Rank 1 holds seq 5: its window runs 5..11, so seq 13 stops the slot.
+        ({1: 5}, {0: 14}, [13], 14, "rank 1 has not read its seqs 5, 7, 9, 11"),
+        # Two slots: seq 10 is slot 0's, which is stuck at rank 0's own seq 8 (in its window).
+        ({}, {0: 10}, [8, 9], 10, None),
+        # The slot's next seq is in its rank's window: production is slow, not shut.
+        ({}, {0: 6}, [5], 6, None),
+        # The slot is past seq already (made, or being made).
+        ({}, {0: 6}, [7], 6, None),
+    ],
+)
+def test_a_seq_held_back_by_another_ranks_window_names_that_rank(
+    held: dict[int, int],
+    asked: dict[int, int],
+    next_forward: list[int],
+    seq: int,
+    blamed: str | None,
+) -> None:
+    schedule = Schedule(DETERMINISTIC, max_backlog_files=2, world_size=2)
+    for rank, s in asked.items():
+        schedule.note_request(rank, s, pin=False)
+    why = schedule.window_shut(0, seq, [], held, next_forward)
+    if blamed is None:
+        assert why == ""
+    else:
+        assert blamed in why and "ranks must advance together" in why, why
+        # Without the production facts, only the rank's own leases are judged.
+        assert schedule.window_shut(0, seq, []) == ""

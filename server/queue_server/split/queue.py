@@ -306,7 +306,8 @@ class SplitQueue:
 
     def _window_shut(self, rank: int, seq: int) -> str:
         held = [lease.seq for lease in self.leases.all() if lease.rank == rank]
-        return self.schedule.window_shut(rank, seq, held)
+        slots = self.production.plan.next_forward  # each slot's next seq: made in seq order
+        return self.schedule.window_shut(rank, seq, held, self.leases.lowest_held(), slots)
 
     def why_slow(self) -> str:
         backend = self.production.backend.why_slow()

@@ -22,7 +22,7 @@ asks questions, so every rule is testable on its own.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from queue_client import errors
@@ -149,11 +149,44 @@ class Schedule:
         """The first seq past this rank's window."""
         return self.frontier(rank, held) + self.world_size * self.files_per_window
 
-    def window_shut(self, rank: int, seq: int, held_seqs: list[int]) -> str:
-        """Why `seq` is not made, when it is the rank's own unreleased leases (`held_seqs`)
-        that hold its window shut; "" otherwise."""
-        if not held_seqs or seq < self.window_end(rank, {rank: min(held_seqs)}):
+    def window_shut(
+        self,
+        rank: int,
+        seq: int,
+        held_seqs: list[int],
+        held: Mapping[int, int] | None = None,
+        next_forward: Sequence[int] = (),
+    ) -> str:
+        """Why `seq` is not made, when a window holds it back; "" otherwise. Either the rank's
+        own unreleased leases (`held_seqs`) hold its window shut, or production, which makes
+        each slot's seqs in order (`next_forward`: each slot's next; seq's slot is seq mod
+        their count), is stuck before seq at a seq of another rank, out of that rank's window
+        (`held`: the lowest seq each rank holds)."""
+        if held_seqs and seq >= self.window_end(rank, {rank: min(held_seqs)}):
+            return self._own_leases_shut(rank, seq, held_seqs)
+        if held is None or not next_forward:
             return ""
+        made_next = next_forward[seq % len(next_forward)]
+        if made_next >= seq or self.in_window(made_next, held):
+            return ""
+        return self._other_rank_shut(rank, seq, held, made_next)
+
+    def _other_rank_shut(self, rank: int, seq: int, held: Mapping[int, int], made_next: int) -> str:
+        """One rank read far ahead of another: its next file waits behind the other's."""
+        other = World.owner_of(made_next, self.world_size).rank
+        first = self.first_unread(other, held)
+        unread = range(first, self.window_end(other, held), self.world_size)
+        shown = ", ".join(map(str, unread[:8])) + (", ..." if len(unread) > 8 else "")
+        return (
+            f": files are made in seq order, and seq {made_next} of rank {other} comes first; "
+            f"rank {other} has not read its seqs {shown} (at most {self.files_per_window} of a "
+            f"rank's seqs, max_backlog_files {self.max_backlog_files} + 2, are made ahead of "
+            f"what it has read), so rank {rank}'s seq {seq} waits until rank {other} reads "
+            f"seq {first}: ranks must advance together (read the ranks' streams side by "
+            "side, not one rank far ahead of another; see docs/ordering.md)"
+        )
+
+    def _own_leases_shut(self, rank: int, seq: int, held_seqs: list[int]) -> str:
         seqs = sorted(held_seqs)
         shown = ", ".join(map(str, seqs[:8])) + (", ..." if len(seqs) > 8 else "")
         return (
