@@ -141,3 +141,34 @@ def test_a_folder_another_run_is_writing_is_refused(
     assert code == 2 and "another queue-prepare is writing" in said, said
     code, said = prepare(capsys, "--input", str(corpus), "--out", str(out))
     assert code == 0, said
+
+
+def test_messages_name_the_flags_the_suffixes_and_say_who_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a document with \xff in it\n")
+    code, said = prepare(
+        capsys, "--input", str(bad), "--utf8-errors", "error", "--out", str(tmp_path / "o1")
+    )
+    assert code == 2 and "invalid UTF-8 at byte 16" in said, said
+    assert "set --utf8-errors replace" in said and "utf8_errors" not in said, said
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "day.log").write_text("a document\n")
+    code, said = prepare(capsys, "--input", str(logs), "--out", str(tmp_path / "o2"))
+    assert code == 2 and "'" + str(logs) + "' matches no files" in said, said
+    assert ".jsonl, .md, .ndjson, .parquet, .text, .txt" in said, said
+
+    code, said = prepare(
+        capsys,
+        "--input",
+        str(bad),
+        "--tokenizer",
+        "tiktoken:no-such",
+        "--out",
+        str(tmp_path / "o3"),
+    )
+    assert code == 2 and "tiktoken has no encoding 'no-such'" in said, said
+    assert said.count("queue-prepare") == 1, said

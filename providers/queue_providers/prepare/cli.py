@@ -2,7 +2,8 @@
 
 A bad flag is argparse's usage error (exit 2); a fault a user can fix (a missing input, an
 unknown tokenizer, an output folder that is not ours, inputs changed since the shards were
-made) is one line on stderr naming it, exit 2. Success prints one summary line.
+made, a full disk under the output folder) is one line on stderr naming it, exit 2. Success
+prints one summary line.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = prepare(options(args))
     except BatchQueueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        # Shared helpers start their messages with who asked (queue-prepare): say it once.
+        print(f"{PROG}: error: {str(exc).removeprefix(f'{PROG}: ')}", file=sys.stderr)
         return 2
     m = result.manifest
     how = (

@@ -53,6 +53,7 @@ class CorpusSpec:
             text_key=self.text_key,
             utf8_errors=self.utf8_errors,
             max_document_bytes=self.max_document_bytes,
+            flags=True,  # each of these came from a queue-prepare flag
         )
 
     def open(self) -> Corpus:

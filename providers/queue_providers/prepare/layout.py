@@ -9,7 +9,8 @@
         input-cache/             only while a run reads URL inputs: their cached blocks
 
 Every file is written whole under a temp name, fsynced and renamed into place (atomic_write),
-so a killed run leaves each file either absent or complete. A shard is exactly shard_tokens
+so a killed run leaves each file either absent or complete; a write that fails (a full disk)
+removes its temp file and raises OutputUnwritable, and the files before it stay as they were. A shard is exactly shard_tokens
 long except the last; a document cut by a shard's end goes on at offset 0 of the next shard,
 whose manifest entry then says "continues_document": true. docs/providers/prepare.md is the
 user's description; this module is its one implementation.
@@ -17,15 +18,18 @@ user's description; this module is its one implementation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from queue_client.errors import ConfigError
+from queue_client.errors import BatchQueueError, ConfigError
 from queue_client.layout import atomic_write, is_temp_name
 
 FORMAT = "batchqueue-token-shards"
@@ -39,6 +43,25 @@ DOCS_SUFFIX = ".docs.npy"
 UINT16_MAX_VOCAB = 1 << 16
 UINT32_MAX_VOCAB = 1 << 32
 _HASH_CHUNK = 1 << 20
+
+
+class OutputUnwritable(BatchQueueError):
+    """The output folder cannot be written (a full disk, a quota, a read-only folder). What
+    was written before is intact: the same command, run again once the fault is fixed, goes
+    on from the last recorded shard."""
+
+
+@contextlib.contextmanager
+def writing(out: Path, name: str) -> Iterator[None]:
+    """Turn an OSError while writing `name` in `out` into OutputUnwritable, naming both."""
+    try:
+        yield
+    except OSError as exc:
+        error = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise OutputUnwritable(
+            f"cannot write {name} in {out}: {error}; what is already written there is kept: "
+            "fix that and run the same command again to go on from it"
+        ) from None
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -91,7 +114,8 @@ def save_array(path: Path, array: np.ndarray) -> str:
         np.lib.format.write_array(hashing, array, allow_pickle=False)
         holder["sha"] = hashing.sha.hexdigest()
 
-    atomic_write(path, write)
+    with writing(path.parent, path.name):
+        atomic_write(path, write)
     return holder["sha"]
 
 
@@ -156,7 +180,8 @@ def verify_shard(out: Path, record: ShardRecord) -> str | None:
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
-    atomic_write(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    with writing(path.parent, path.name):
+        atomic_write(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ from queue_providers.prepare.layout import (
     read_json,
     verify_shard,
     write_json,
+    writing,
 )
 from queue_providers.prepare.sharder import ResumePoint
 from queue_providers.prepare.tokenizer import tokenizer_change
@@ -62,7 +63,8 @@ def locked(out: Path) -> Iterator[None]:
     runs never write one folder, and a temp file found there is a dead run's leftover."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out.parent, out.name):
+        out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out, os.O_RDONLY)
     try:
         try:

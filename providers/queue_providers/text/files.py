@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from queue_client.errors import ConfigError
 from queue_providers.remote import (
@@ -144,7 +145,7 @@ def discover(
             found.update((str(p), p) for p in paths)
             matched = bool(paths)
         if not matched:
-            raise ConfigError(f"text_lm source {_pattern_shown(pattern)!r} matches no files")
+            raise _no_match(pattern)
     return [source_file(found[key], format, one_doc_per_file) for key in sorted(found)]
 
 
@@ -162,6 +163,22 @@ def source_file(path: Location, format: str, one_doc_per_file: bool) -> SourceFi
     else:
         extent = size
     return SourceFile(path, fmt, size, extent)
+
+
+def _no_match(pattern: str) -> ConfigError:
+    """A source that yields no file; a folder (or a URL prefix) yields only the known
+    suffixes, so the message names them: a folder of .log files is not empty to its owner."""
+    said = f"text_lm source {_pattern_shown(pattern)!r} matches no files"
+    if is_url(pattern):
+        folder = not any(c in urlsplit(pattern).path for c in "*[")
+    else:
+        folder = not glob.has_magic(pattern) and local_path(pattern).is_dir()
+    if not folder:
+        return ConfigError(said)
+    return ConfigError(
+        f"{said}: a folder is searched (recursively) for names ending in "
+        f"{', '.join(sorted(SUFFIXES))}; give other files by name or by a glob (and a format)"
+    )
 
 
 def _pattern_shown(pattern: str) -> str:

@@ -24,6 +24,9 @@ class ReadOptions:
     utf8_errors: str = "replace"
     max_document_bytes: int = 64 << 20
     read_bytes: int = 1 << 20
+    # Messages name a setting as the user gave it: text_lm's config key (utf8_errors='replace')
+    # or, for queue-prepare, its command-line flag (--utf8-errors replace).
+    flags: bool = False
 
     def __post_init__(self) -> None:
         if self.separator is not None and ("\n" in self.separator or "\r" in self.separator):
@@ -37,6 +40,13 @@ class ReadOptions:
         if not isinstance(self.text_key, str) or not self.text_key:
             raise ConfigError(f"text_key must be a non-empty string, got {self.text_key!r}")
 
+    def setting(self, key: str, value: object = None) -> str:
+        """`key` (with `value`, if given) as the user writes it: a config key or a flag."""
+        if self.flags:
+            flag = "--" + key.replace("_", "-")
+            return flag if value is None else f"{flag} {value}"
+        return key if value is None else f"{key}={value!r}"
+
 
 def decode(data: bytes, opts: ReadOptions, where: str, offset: int) -> str:
     try:
@@ -45,15 +55,16 @@ def decode(data: bytes, opts: ReadOptions, where: str, offset: int) -> str:
         if opts.utf8_errors == "error":
             raise CorpusError(
                 f"{where}: invalid UTF-8 at byte {offset + exc.start} "
-                "(set utf8_errors='replace' to substitute U+FFFD)"
+                f"(set {opts.setting('utf8_errors', 'replace')} to substitute U+FFFD)"
             ) from None
         return data.decode("utf-8", errors="replace")
 
 
 def too_large(path: Location, offset: int, size: int, opts: ReadOptions) -> CorpusError:
     return CorpusError(
-        f"{path}: the document at byte {offset} is larger than max_document_bytes="
-        f"{opts.max_document_bytes} ({size} bytes so far): split it or raise the limit"
+        f"{path}: the document at byte {offset} is larger than "
+        f"{opts.setting('max_document_bytes', opts.max_document_bytes)} ({size} bytes so "
+        "far): split it or raise the limit"
     )
 
 

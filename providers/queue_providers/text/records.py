@@ -79,7 +79,10 @@ def _json_text(line: bytes, path: Location, offset: int, key: str, opts: ReadOpt
         )
     if key not in obj:
         shown = sorted(obj)[:10]
-        raise CorpusError(f"{where()}: no key {key!r} (the object has keys {shown}; set text_key)")
+        raise CorpusError(
+            f"{where()}: no key {key!r} (the object has keys {shown}; set "
+            f"{opts.setting('text_key')})"
+        )
     text = obj[key]
     if not isinstance(text, str):
         raise CorpusError(
@@ -98,7 +101,8 @@ def _no_surrogates(text: str, opts: ReadOptions, where: Callable[[], str]) -> st
         if opts.utf8_errors == "error":
             raise CorpusError(
                 f"{where()}: the text holds a lone surrogate at character {exc.start}, which is not "
-                "valid UTF-8 (set utf8_errors='replace' to substitute U+FFFD)"
+                f"valid UTF-8 (set {opts.setting('utf8_errors', 'replace')} to substitute "
+                "U+FFFD)"
             ) from None
         return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
@@ -146,7 +150,8 @@ def _check_text_column(schema: Any, sf: SourceFile, opts: ReadOptions) -> None:
     names = schema.names
     if opts.text_key not in names:
         raise CorpusError(
-            f"{sf.path}: no column {opts.text_key!r} (columns: {names}; set text_key)"
+            f"{sf.path}: no column {opts.text_key!r} (columns: {names}; set "
+            f"{opts.setting('text_key')})"
         )
     kind = schema.field(opts.text_key).type
     if not (
