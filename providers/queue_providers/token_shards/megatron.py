@@ -10,7 +10,9 @@ The .idx, as Megatron-LM's indexed_dataset describes it, all little-endian:
   int64[S] sequence pointers, byte offsets into the .bin
   int64[D] document index: the first sequence of each document, then S
 Only the fixed header and the last sequence's length and pointer are read at start; the
-arrays are memory-mapped (read by range at a URL) when documents are first asked for.
+arrays are memory-mapped (read by range at a URL) when documents are first asked for, and
+then every entry is checked (doc_starts.py says why): each sequence lies in the .bin, in
+order, and the document index runs in order from 0 to S.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from queue_client.errors import ConfigError
 from queue_providers.remote import Location, RemoteObject, shown
+from queue_providers.token_shards.doc_starts import first_bad
 from queue_providers.token_shards.shard import Shard, check_dtype, read_head, size_of
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -90,7 +93,14 @@ def read_megatron(bin_location: Location, idx_location: Location, wanted: np.dty
         )
 
     def doc_starts() -> np.ndarray:
-        return _doc_starts(idx_location, pointers_at, sequences, docs_at, doc_entries, dtype)
+        return _doc_starts(
+            idx_location,
+            (lengths_at, pointers_at, docs_at),
+            sequences,
+            doc_entries,
+            dtype,
+            bin_location,
+        )
 
     return Shard(bin_location, "megatron", dtype, 0, tokens, doc_starts)
 
@@ -106,18 +116,81 @@ def _ints(location: Location, offset: int, count: int, dtype: str) -> np.ndarray
 
 def _doc_starts(
     idx_location: Location,
-    pointers_at: int,
+    offsets: tuple[int, int, int],
     sequences: int,
-    docs_at: int,
     doc_entries: int,
     dtype: np.dtype,
+    bin_location: Location,
 ) -> np.ndarray:
-    """The token offset of each document's first sequence."""
-    if not sequences or doc_entries < 2:
+    """The token offset of each document's first sequence (the .bin's end for an empty last
+    document), once every entry of the index is checked; ConfigError naming the .idx and the
+    first bad entry. Costs a few int64 arrays of S entries, as the starts themselves do."""
+    if not sequences:
         return np.zeros(0, dtype=np.int64)
-    pointers = _ints(idx_location, pointers_at, sequences, "<i8")
-    first_sequence = _ints(idx_location, docs_at, doc_entries, "<i8")[:-1]
-    return np.asarray(pointers[first_sequence], dtype=np.int64) // dtype.itemsize
+    where, size = shown(idx_location), dtype.itemsize
+    lengths_at, pointers_at, docs_at = offsets
+    lengths = np.asarray(_ints(idx_location, lengths_at, sequences, "<i4"), dtype=np.int64)
+    pointers = np.asarray(_ints(idx_location, pointers_at, sequences, "<i8"), dtype=np.int64)
+    end = int(pointers[-1]) + int(lengths[-1]) * size  # the .bin's size, checked at start
+    i = first_bad(lengths < 0)
+    if i is not None:
+        raise ConfigError(
+            f"token_shards: {where}: sequence length [{i}] is {int(lengths[i])}, below 0"
+        )
+    i = first_bad((pointers < 0) | (pointers % size != 0))
+    if i is not None:
+        why = "below 0" if pointers[i] < 0 else f"not a multiple of {size} ({dtype.name} tokens)"
+        raise ConfigError(
+            f"token_shards: {where}: sequence pointer [{i}] is byte {int(pointers[i])}, {why}"
+        )
+    i = first_bad((pointers > end) | (np.minimum(pointers, end) + lengths * size > end))
+    if i is not None:
+        raise ConfigError(
+            f"token_shards: {where}: sequence [{i}] (byte {int(pointers[i])}, {int(lengths[i])} "
+            f"tokens) runs past the end of {shown(bin_location)} ({end} bytes)"
+        )
+    i = first_bad(pointers[1:] < pointers[:-1])
+    if i is not None:
+        raise ConfigError(
+            f"token_shards: {where}: sequence pointer [{i + 1}] is byte {int(pointers[i + 1])}, "
+            f"before sequence pointer [{i}] (byte {int(pointers[i])}): sequences lie in order"
+        )
+    first_sequence = _document_index(idx_location, docs_at, doc_entries, sequences)
+    return np.concatenate([pointers, [end]])[first_sequence] // size
+
+
+def _document_index(location: Location, at: int, entries: int, sequences: int) -> np.ndarray:
+    """Each document's first sequence: the index without its last entry, once it is known
+    to run in order from 0 to `sequences`."""
+    where = shown(location)
+    if entries == 0:
+        raise ConfigError(
+            f"token_shards: {where}: the document index is empty; it runs from 0 to the "
+            f"sequence count, {sequences}"
+        )
+    index = np.asarray(_ints(location, at, entries, "<i8"), dtype=np.int64)
+    i = first_bad((index < 0) | (index > sequences))
+    if i is not None:
+        raise ConfigError(
+            f"token_shards: {where}: document index [{i}] is {int(index[i])}, outside "
+            f"[0, {sequences}] ({sequences} sequences)"
+        )
+    if index[0] != 0:
+        raise ConfigError(
+            f"token_shards: {where}: document index [0] is {int(index[0])}; the index starts at 0"
+        )
+    if index[-1] != sequences:
+        raise ConfigError(
+            f"token_shards: {where}: document index [{entries - 1}] is {int(index[-1])}; the "
+            f"index ends with the sequence count, {sequences}"
+        )
+    i = first_bad(index[1:] < index[:-1])
+    if i is not None:
+        raise ConfigError(
+            f"token_shards: {where}: document index [{i + 1}] is {int(index[i + 1])}, below "
+            f"entry {i} ({int(index[i])}): it must be sorted"
+        )
+    return index[:-1]
 
 
 def megatron_pair(path: Path) -> tuple[Path, Path]:

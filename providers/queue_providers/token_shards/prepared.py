@@ -8,13 +8,17 @@
     shard-000000.npy        a 1-D array of `dtype` ids
     shard-000000.docs.npy   int64: the start of each document in that shard
 
-Only the manifest and each shard's .npy header are read at start. The manifest's checksums
-stand for the shards' content in the inputs fingerprint, so no shard is hashed.
+Only the manifest and each shard's .npy header are read at start; a shard's document starts
+are read, and checked entry by entry (doc_starts.py), when order = "documents" first packs
+its documents. The manifest's checksums stand for the shards' content in the inputs
+fingerprint and are never checked here: hashing every shard at every start would read the
+whole corpus (a terabyte, at each start of each server), so `queue-prepare verify FOLDER`
+checks them once, after a copy. Each shard must lie in the manifest's folder: a symlink
+that leads out of it is refused (one inside it, or a folder reached through a link, is not).
 """
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -24,7 +28,8 @@ import numpy as np
 
 from queue_client.errors import ConfigError
 from queue_providers.remote import Location, RemoteObject, RemoteStore, read_input, shown
-from queue_providers.token_shards.npy_file import npy_header, read_npy
+from queue_providers.token_shards.doc_starts import check_doc_starts
+from queue_providers.token_shards.npy_file import npy_header, npy_values, read_npy
 from queue_providers.token_shards.shard import Shard, size_of
 
 FORMAT = "batchqueue-token-shards"
@@ -115,8 +120,14 @@ def _shard(
         )
     docs_name = name[: -len(".npy")] + ".docs.npy"
 
+    documents = entry.get("documents")
+    documents = documents if isinstance(documents, int) else None
+    first_zero = entry.get("continues_document") is False
+
     def doc_starts() -> np.ndarray:
-        return _load_docs(_beside(manifest, store, docs_name))
+        location = _beside(manifest, store, docs_name)
+        starts = npy_values(location, "document starts", "iu")
+        return check_doc_starts(starts, tokens, documents, shown(location), first_zero=first_zero)
 
     def check_documents() -> None:
         _check_docs(_beside(manifest, store, docs_name), entry.get("documents"), tokens)
@@ -128,10 +139,20 @@ def _shard(
 
 
 def _beside(manifest: Location, store: RemoteStore | None, name: str) -> Location:
+    """The file `name` in the manifest's folder; ConfigError for a local symlink that leads
+    out of it (the folder itself may be reached through a link)."""
     if isinstance(manifest, RemoteObject):
         base = manifest.url.rsplit("/", 1)[0]
         return (store or manifest.store).stat(f"{base}/{name}")
-    return Path(manifest).parent / name
+    path = Path(manifest).parent / name
+    folder = path.parent.resolve()
+    target = path.resolve()
+    if not target.is_relative_to(folder):
+        raise ConfigError(
+            f"token_shards: {path} is a symlink to {target}, outside the corpus folder {folder}: "
+            "a prepared corpus's files lie in its folder (copy the file in, or link within it)"
+        )
+    return path
 
 
 def _check_docs(location: Location, documents: Any, tokens: int) -> None:
@@ -151,21 +172,6 @@ def _check_docs(location: Location, documents: Any, tokens: int) -> None:
         raise ConfigError(f"token_shards: {where} is truncated")
     if tokens == 0 and shape[0]:
         raise ConfigError(f"token_shards: {where} lists documents in an empty shard")
-
-
-def _load_docs(location: Location) -> np.ndarray:
-    try:
-        if isinstance(location, RemoteObject):
-            starts = np.load(io.BytesIO(read_input(location)), allow_pickle=False)
-        else:
-            starts = np.load(location, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"token_shards: {shown(location)} cannot be read: {exc}") from None
-    if starts.ndim != 1 or starts.dtype.kind not in "iu":
-        raise ValueError(
-            f"token_shards: {shown(location)} holds {starts.dtype} {starts.shape}, expected int64 [documents]"
-        )
-    return np.asarray(starts, dtype=np.int64)
 
 
 def _positive_int(value: Any, where: str) -> int:
