@@ -261,3 +261,31 @@ def test_keep_serving_keeps_the_others_up_and_reports_the_failed_one(
     assert server.proc.poll() is None
     server.stop()
     assert server.proc.returncode == 0, server.log()
+
+
+# ---- an address in use ---------------------------------------------------------------------
+
+
+def test_a_second_server_on_the_same_grpc_address_exits_naming_it(
+    start_server: ServerFactory, corpus: Path, tmp_path: Path
+) -> None:
+    """A second queue-server left at the first one's --listen: exit code 1 and one line
+    naming the address, the setting and the kernel's reason (no gRPC traceback, no C-core
+    log line), while the first one serves on."""
+    first = start_server(char_config(corpus))
+    second = ServerProcess(
+        tmp_path / "second",
+        data_root=tmp_path / "second-root",
+        config_text=char_config(corpus),
+        listen=first.address,
+        env=subprocess_env(),
+    )
+    try:
+        assert second.wait_exit(120) == 1, second.log()
+    finally:
+        second.kill()
+    said = second.log().strip()
+    assert said.splitlines() == [said], said
+    assert f"cannot listen for gRPC on {first.address}" in said, said
+    assert "(server.listen, --listen)" in said and "address already in use" in said, said
+    assert first.health() == SERVING

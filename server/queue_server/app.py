@@ -45,6 +45,7 @@ from queue_server.rpc.request_decoding import DecodingGuard, add_servicer
 from queue_server.rpc.servicer import BatchQueueServicer
 from queue_server.split.leases import LeaseDirectory
 from queue_server.split.queue import SplitQueue
+from queue_server.tcp_port import check_free, listen_error
 from queue_server.temp_sweep import remove_orphan_temp_files
 from queue_server.unix_socket import claim_socket_path, remove_socket, socket_identity
 
@@ -168,6 +169,8 @@ class QueueServer:
         """Bind, start serving, and start every dataset in the background; returns the address."""
         cfg = self.config
         listen = parse_listen(cfg.listen)
+        if listen.host is not None and listen.port is not None:
+            await asyncio.to_thread(check_free, listen.host, listen.port, cfg.listen)
         credentials = await asyncio.to_thread(server_credentials, cfg)
         await asyncio.to_thread(self._root_lock.acquire)  # before anything touches the root
         # Workers fork from a forkserver (that imports torch where they need it): it starts now,
@@ -227,15 +230,16 @@ class QueueServer:
             self._unix_socket = await asyncio.to_thread(socket_identity, listen.unix_path)
             self.address = listen.grpc_target
         else:
-            port = (
-                server.add_secure_port(listen.grpc_target, credentials)
-                if credentials is not None
-                else server.add_insecure_port(listen.grpc_target)
-            )
-            if port == 0:
-                raise OSError(
-                    f"cannot listen on {cfg.listen}: the address is in use or not available"
+            try:
+                port = (
+                    server.add_secure_port(listen.grpc_target, credentials)
+                    if credentials is not None
+                    else server.add_insecure_port(listen.grpc_target)
                 )
+            except RuntimeError:  # gRPC's bind failure, which names no cause
+                port = 0
+            if port == 0:
+                raise listen_error(cfg.listen, "the address is in use or not available")
             self.address = f"{listen.host}:{port}"
         await self._publish_health()
         if self.metrics is not None:
