@@ -119,7 +119,7 @@ def _floor_seconds(provider: Any, seq: int, files: int, nb: int) -> float:
     """A plain numpy read of the windows of `files` files: where they are, chosen as the
     provider chose them, then one fancy index per shard (none of this timed but the read)."""
     corpus = provider.corpora["train"]
-    maps = [provider._reader("train", i) for i in range(len(corpus.shards))]
+    maps = [provider.shard_tokens("train", i) for i in range(len(corpus.shards))]
     plans = []
     for k in range(files):
         rows = np.arange((seq + k) * B * nb, (seq + k + 1) * B * nb)
@@ -132,8 +132,8 @@ def _floor_seconds(provider: Any, seq: int, files: int, nb: int) -> float:
     offsets = np.arange(T + 1)
     began = time.perf_counter()
     for plan in plans:
-        for reader, starts in plan:
-            np.asarray(reader.local_map()[starts[:, None] + offsets])
+        for tokens, starts in plan:
+            np.asarray(tokens[starts[:, None] + offsets])
     return time.perf_counter() - began
 
 

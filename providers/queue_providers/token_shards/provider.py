@@ -26,7 +26,7 @@ from queue_client.errors import ConfigError
 from queue_client.schema import token_dtype_name
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema, packed_lm_schema
-from queue_providers.remote import store_for
+from queue_providers.remote import RemoteObject, store_for
 from queue_providers.seeding import derive_seed, randint_draws
 from queue_providers.token_shards.corpus import CorpusIndex
 from queue_providers.token_shards.discover import FORMATS, Found, discover
@@ -312,6 +312,16 @@ class TokenShardsProvider(DataProviderBase):
                 f"{high if high >= self.vocab_size else low} outside [0, vocab_size "
                 f"{self.vocab_size})"
             )
+
+    def shard_tokens(self, split: str, index: int) -> np.ndarray:
+        """Shard `index` of `split`'s tokens (corpora[split].shards order): the read-only
+        memory map its windows are gathered from, mapped on first use and shared with
+        make_file, for tools and benchmarks that read what the provider reads. Local shards
+        only: a remote one has no map, and ValueError names it."""
+        shard = self.corpora[split].shards[index]
+        if isinstance(shard.location, RemoteObject):
+            raise ValueError(f"{WHERE}: {shard.shown} is remote: only a local shard is mapped")
+        return self._reader(split, index).local_map()
 
     def _reader(self, split: str, index: int) -> ShardReader:
         reader = self._readers.get((split, index))
