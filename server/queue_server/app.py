@@ -112,7 +112,8 @@ def describe_serving(runtime: DatasetRuntime, address: str) -> str:
 
 
 def health_name(dataset: str) -> str:
-    """The health service name of one dataset: NOT_SERVING while it starts or after it failed."""
+    """The health service name of one dataset: NOT_SERVING while it starts or after it failed.
+    The dataset's bare name answers the same (a probe's `--service NAME`)."""
     return f"{SERVICE_NAME}/{dataset}"
 
 
@@ -159,9 +160,9 @@ class QueueServer:
         overall = all(s == SERVING for s in states)
         status = health_pb2.HealthCheckResponse
         for name, rt in self.datasets.items():
-            await self.health.set(
-                health_name(name), status.SERVING if rt.state == SERVING else status.NOT_SERVING
-            )
+            one = status.SERVING if rt.state == SERVING else status.NOT_SERVING
+            for service in (health_name(name), name):
+                await self.health.set(service, one)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status.SERVING if overall else status.NOT_SERVING)
 
