@@ -56,7 +56,7 @@ def test_sources_become_the_mixture_provider_in_table_order(tmp_path: Path) -> N
         ("mixture_schedule = [[10, { c = 1.0 }]]", 1, r"unknown source\(s\) \['c'\]"),
         ("mixture_schedule = [[10, { a = 1.0 }], [5, { b = 1.0 }]]", 1, "must increase"),
         ('mixture_schedule_unit = "step"', 1, r"mixture_schedule_unit = 'step' is invalid"),
-        ('provider = "mixture"', 1, r"datasets\.mix\.provider = \"mixture\": write the sources"),
+        ('provider = "mixture"', 1, r"datasets\.mix\.provider = \"mixture\": remove this line"),
     ],
 )
 def test_config_mistakes_name_the_key(tmp_path: Path, extra: str, a: object, match: str) -> None:

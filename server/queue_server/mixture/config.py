@@ -35,6 +35,12 @@ def is_mixture(provider: str) -> bool:
 def take_mixture(table: dict[str, Any], where: str) -> None:
     """Replace a table's mixture keys by provider = "mixture" and its args, in place."""
     if table.get("provider") == MIXTURE_PROVIDER:
+        if "sources" in table:
+            raise ConfigError(
+                f'{where}.provider = "{MIXTURE_PROVIDER}": remove this line: the '
+                f"[{where}.sources.NAME] tables make {where} a mixture already, and each "
+                "source names its own provider"
+            )
         raise ConfigError(
             f'{where}.provider = "{MIXTURE_PROVIDER}": write the sources as '
             f"[{where}.sources.NAME] tables (provider, weight, args) instead"
