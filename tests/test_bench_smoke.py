@@ -72,3 +72,49 @@ def test_quick_suite_gives_every_row_a_number(tmp_path: Path) -> None:
             assert math.isfinite(r["ref_value"]) and r["ratio"] is not None, r
     for row in ROWS:  # the printed table names every row
         assert f"\n{row}a " in stdout
+
+
+# Private names of the standard library that are documented for use.
+DOCUMENTED_PRIVATE = {"os._exit"}
+
+
+def private_reaches(source: str) -> list[str]:
+    """Each `x._name` (not self's or cls's, not a dunder) and each `from m import _name` or
+    import of a `_module` in `source`, as `line: code`."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            private = node.attr.startswith("_") and not node.attr.startswith("__")
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            code = ast.unparse(node)
+            if private and owner not in ("self", "cls") and code not in DOCUMENTED_PRIVATE:
+                found.append(f"{node.lineno}: {code}")
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names = [a.name for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.append(node.module)
+            for name in names:
+                if any(p.startswith("_") and not p.startswith("__") for p in name.split(".")):
+                    found.append(f"{node.lineno}: import of {name}")
+    return found
+
+
+def test_the_benchmarks_use_only_public_names() -> None:
+    """The benchmarks measure what users can call: no reaching into a provider's or the
+    client's private names (bench row 14 reads a shard through token_shards' shard_tokens,
+    not its _reader). The lint itself catches each form it looks for."""
+    assert private_reaches("provider._reader('train', 0)\nself._x\nos._exit(0)") == [
+        "1: provider._reader"
+    ]
+    assert private_reaches("from queue_client.rows import _x\nimport a._b") == [
+        "1: import of _x",
+        "2: import of a._b",
+    ]
+    reaches = {
+        str(path.relative_to(ROOT)): found
+        for path in sorted((ROOT / "bench").rglob("*.py"))
+        if (found := private_reaches(path.read_text()))
+    }
+    assert reaches == {}, reaches
