@@ -1,4 +1,5 @@
-"""`queue-prepare` / `python -m queue_providers.prepare`: the command line of a prepare run.
+"""`queue-prepare` / `python -m queue_providers.prepare`: the command line of a prepare run
+(and of `queue-prepare verify FOLDER`, verify.py).
 
 A bad flag is argparse's usage error (exit 2); a fault a user can fix (a missing input, an
 unknown tokenizer, an output folder that is not ours, inputs changed since the shards were
@@ -18,6 +19,7 @@ from queue_client.errors import BatchQueueError
 from queue_providers.prepare.corpus import CorpusSpec
 from queue_providers.prepare.layout import MANIFEST_FILE
 from queue_providers.prepare.run import MIN_SHARD_TOKENS, PrepareOptions, prepare
+from queue_providers.prepare.verify import main as verify_main
 
 PROG = "queue-prepare"
 DEFAULT_SHARD_TOKENS = 100_000_000
@@ -28,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Tokenize a text corpus once into shards of token ids and a manifest.json "
         "(the token_shards provider serves them). Run the same command again to resume.",
+        epilog="queue-prepare verify FOLDER checks a prepared corpus against its manifest "
+        "(every file's sha256 and document starts).",
     )
     src = p.add_argument_group("inputs (what text_lm reads)")
     where = src.add_mutually_exclusive_group(required=True)
@@ -127,6 +131,9 @@ def options(args: argparse.Namespace) -> PrepareOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["verify"]:  # a finished corpus checked against its manifest
+        return verify_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         result = prepare(options(args))
