@@ -171,6 +171,36 @@ def test_meta_schema_and_stats_as_json_and_as_tables(
     assert rc == 1 and server.address in err
 
 
+def test_stats_off_a_terminal_prints_plain_full_width_columns(start_server, corpus: Path) -> None:
+    """stdout a pipe, and no COLUMNS to go by: every header whole, no box, nothing cut to 80
+    columns; --json is still JSON."""
+    server = start_server(char_config(corpus))
+    env = subprocess_env()
+    env.pop("COLUMNS", None)
+    command = [sys.executable, "-m", "queue_client.cli", "stats", "--address", server.address]
+    stats = subprocess.run(
+        [*command, "--interval", "0"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert stats.returncode == 0, stats.stderr
+    lines = stats.stdout.splitlines()
+    headers = ("split", "backlog", "produced", "regenerated", "consumed", "tokens/s",
+               "batches/s", "epochs", "leased", "quarantined")  # fmt: skip
+    assert any(line.split() == list(headers) for line in lines), stats.stdout
+    assert "lag (files)" in stats.stdout and "last consumed seq" in stats.stdout, stats.stdout
+    assert not re.search("[\u2026\u2500-\u257f]", stats.stdout), stats.stdout  # no ..., no box
+    assert max(len(line) for line in lines) > 80, stats.stdout  # wider than a terminal's default
+    doc = ok_json(
+        subprocess.run(
+            [*command, "--interval", "0", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    )
+    assert [d["dataset"] for d in doc["datasets"]] == ["chars"]
+
+
 def test_cli_import_stays_light() -> None:
     """The CLI imports neither torch nor rich until it draws a table."""
     code = "import json, sys, queue_client.cli; print(json.dumps(sorted(m for m in ('torch', 'rich') if m in sys.modules)))"

@@ -12,8 +12,9 @@ server's, over its last minute of consumption, which it keeps across a restart (
 restarted server that is making its files again does not show 0/s). Epochs and their ETA
 are shown where the provider's meta gives the split's size, else "unknown". --watch keeps
 going while the server restarts, saying that it is unreachable meanwhile. With --json the
-output is JSON (one document; one line per refresh with --watch) for scripts. `rich` is imported only to draw the
-terminal view, so importing queue_client stays light and --json needs no rich at all.
+output is JSON (one document; one line per refresh with --watch) for scripts; without it, off a
+terminal, the tables are plain and full width (cli_render.py). `rich` is imported only to draw
+the tables, so importing queue_client stays light and --json needs no rich at all.
 """
 
 from __future__ import annotations

@@ -1,12 +1,24 @@
-"""The terminal (rich) view of `queue-client` stats, meta and schema, split out of cli.py."""
+"""The terminal (rich) view of `queue-client` stats, meta and schema, split out of cli.py.
+
+Off a terminal (stdout a pipe or a file) the tables are plain: no box, no colour, and as wide
+as their columns, never cut to a terminal's width ("back...") that the reader does not have.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from queue_client import errors
 from queue_client.mixture import describe_stats
+
+# Off a terminal: wide enough that no table is cut or wrapped; each is as wide as its columns.
+PLAIN_WIDTH = 10_000
+
+
+def _plain() -> bool:
+    return not sys.stdout.isatty()
 
 
 def _console() -> Any:
@@ -16,7 +28,14 @@ def _console() -> Any:
         raise errors.BatchQueueError(
             "the terminal view needs rich (pip install rich); --json works without it"
         ) from None
-    return Console()
+    return Console(width=PLAIN_WIDTH) if _plain() else Console()
+
+
+def _table(**options: Any) -> Any:
+    """A rich Table, drawn without a box off a terminal."""
+    from rich.table import Table
+
+    return Table(box=None, pad_edge=False, **options) if _plain() else Table(**options)
 
 
 def _rate_text(value: float | None) -> str:
@@ -71,13 +90,12 @@ def _bar(value: int, limit: int, width: int = 8) -> str:
 
 def _render_stats(doc: dict[str, Any]) -> Any:
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     parts: list[Any] = [Text(f"batchqueue at {doc['address']}", style="bold")]
     for ds in doc["datasets"]:
         state_style = {"serving": "green", "starting": "yellow"}.get(ds["state"], "red")
-        splits = Table(
+        splits = _table(
             title=Text.assemble(ds["dataset"], " ", (ds["state"], state_style)),
             title_justify="left",
         )
@@ -85,7 +103,7 @@ def _render_stats(doc: dict[str, Any]) -> Any:
                    "batches/s", "epochs", "leased", "quarantined")  # fmt: skip
         for col in columns:
             splits.add_column(col, justify="left" if col in ("split", "backlog") else "right")
-        ranks = Table(title=f"{ds['dataset']}: ranks", title_justify="left")
+        ranks = _table(title=f"{ds['dataset']}: ranks", title_justify="left")
         for col in ("split", "rank", "leased", "backlog", "lag (files)", "last consumed seq"):
             ranks.add_column(col, justify="left" if col == "split" else "right")
         notes = [ds["last_error"]]
@@ -137,9 +155,7 @@ def _short(value: Any, limit: int = 100) -> str:
 
 
 def _render_meta(doc: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"{doc['dataset']}: meta", title_justify="left", show_header=False)
+    table = _table(title=f"{doc['dataset']}: meta", title_justify="left", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
     for key, value in doc.items():
@@ -152,11 +168,10 @@ def _render_meta(doc: dict[str, Any]) -> Any:
 
 def _render_schema(doc: dict[str, Any]) -> Any:
     from rich.console import Group
-    from rich.table import Table
 
     tables = []
     for split, info in doc["splits"].items():
-        table = Table(
+        table = _table(
             title=f"{doc['dataset']}/{split}: batches of {info['batch_size']}", title_justify="left"
         )
         for col in ("field", "dtype", "shape (one sample)", "role"):
