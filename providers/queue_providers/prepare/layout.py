@@ -10,10 +10,10 @@
 
 Every file is written whole under a temp name, fsynced and renamed into place (atomic_write),
 so a killed run leaves each file either absent or complete; a write that fails (a full disk)
-removes its temp file and raises OutputUnwritable, and the files before it stay as they were. A shard is exactly shard_tokens
-long except the last; a document cut by a shard's end goes on at offset 0 of the next shard,
-whose manifest entry then says "continues_document": true. docs/providers/prepare.md is the
-user's description; this module is its one implementation.
+removes its temp file and raises OutputUnwritable, and the files before it stay as they were.
+A shard is exactly shard_tokens long except the last; a document cut by a shard's end goes on
+at offset 0 of the next shard, whose manifest entry then says "continues_document": true.
+docs/providers/prepare.md is the user's description; this module is its one implementation.
 """
 
 from __future__ import annotations
