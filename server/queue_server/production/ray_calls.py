@@ -61,11 +61,24 @@ def actor_died(what: str, node_id: str, pid: int, exc: BaseException | None = No
 
 
 def stall_message(waited_s: float, cpus: float, placement: str, what: str) -> str:
-    """Why nothing is made: a new actor no node has room for yet (Ray waits for one)."""
+    """Why nothing is made: a new actor no node has room for yet (Ray waits for one), or
+    whose worker process is still starting. An actor that reserves no CPU (ray_address =
+    "local") always has room: its wait is the process's start alone."""
+    slow_start = (
+        "a worker process starts slowly where other processes keep every core busy and Ray "
+        "runs its workers below normal priority (RAY_worker_niceness, 15 unless set)"
+    )
+    if not cpus:
+        return (
+            f"waiting {waited_s:.0f} s for Ray to start the worker process of the actor of "
+            f"{what} (it reserves no CPU, so any node has room); nothing is made for it "
+            f"meanwhile: {slow_start}"
+        )
     return (
         f"waiting {waited_s:.0f} s for a Ray node with {cpus:g} CPU free (ray_placement = "
         f"{placement!r}) to start the actor of {what}; nothing is made for it meanwhile. "
-        "`ray status` shows what the cluster has free; a node that joins with room takes it"
+        "`ray status` shows what the cluster has free; a node that joins with room takes it. "
+        f"A node that took it may still be starting it: {slow_start}"
     )
 
 

@@ -28,6 +28,8 @@ NAMESPACE = "batchqueue"
 # ray.init can wait minutes on an address where no cluster answers; this bounds the start.
 CONNECT_TIMEOUT_S = 15.0
 INSTALL_HINT = "pip install 'batchqueue[ray]'"
+# The niceness Ray's raylet gives the worker processes it starts (15 unless set).
+WORKER_NICENESS = "RAY_worker_niceness"
 
 
 class RayUnavailable(ConfigError, BackendUnavailable):
@@ -110,6 +112,12 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> int:
         kwargs: dict[str, Any] = {"namespace": NAMESPACE, "ignore_reinit_error": True}
         if address == LOCAL:
             kwargs["include_dashboard"] = False
+            # Ray starts its worker processes at niceness 15: where other processes keep every
+            # core busy, a new actor's process (one replacing a dead actor) gets about 1% of a
+            # core and takes minutes to start. The instance started here is the server's own:
+            # its actors run at normal priority, as the local backend's workers do. The
+            # raylet started below reads it from the environment; a value set already stays.
+            os.environ.setdefault(WORKER_NICENESS, "0")
         else:
             _probe(address, timeout_s)
         try:
