@@ -322,7 +322,10 @@ def test_best_effort_bounds_the_lead_over_the_slowest_rank(shared) -> None:
 
 def test_get_batch_after_a_timeout_skips_nothing(shared) -> None:
     server = shared
-    # Rank 1 of 2 alone: once its window is used up, production waits for rank 0.
+    # Rank 0 of 2 reads one batch and stops (it is heard from, at seq 0); rank 1 reads on
+    # alone: once its window is used up, production waits for rank 0.
+    rank0 = QueueClient(server.address, "timeout", rank=0, world_size=2, timeout_s=60)
+    rank0.get_batch("train")
     with QueueClient(server.address, "timeout", rank=1, world_size=2, timeout_s=1.0) as rank1:
         got = []
         with pytest.raises(NoBatchReady):
@@ -330,8 +333,7 @@ def test_get_batch_after_a_timeout_skips_nothing(shared) -> None:
                 rank1.get_batch("train")
                 got.append(rank1.state_dict()["splits"]["train"]["seq"])
         stuck = rank1.state_dict()["splits"]["train"]
-        rank0 = QueueClient(server.address, "timeout", rank=0, world_size=2, timeout_s=60)
-        for _ in range(6 * NB):
+        for _ in range(6 * NB - 1):  # the rest of seqs 0 .. 10
             rank0.get_batch("train")
         rank1.get_batch("train")  # production moved on: the retry succeeds
         # rank 0's prefetch now waits on rank 1's window; close() must not wait out timeout_s.

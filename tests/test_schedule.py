@@ -242,8 +242,9 @@ def test_first_unread_counts_the_seq_a_rank_waits_for() -> None:
 @pytest.mark.parametrize(
     ("held", "asked", "next_forward", "seq", "blamed"),
     [
-        # One slot stuck at seq 9 of rank 1, whose window is 1..7: rank 0's seq 10 waits.
-        ({}, {0: 10}, [9], 10, "rank 1 has not read its seqs 1, 3, 5, 7"),
+        # One slot stuck at seq 9 of rank 1, which holds seq 1 (its window is 1..7): rank 0's
+        # seq 10 waits. (A rank not heard from at all is taken to be where rank 0 is.)
+        ({1: 1}, {0: 10}, [9], 10, "rank 1 has not read its seqs 1, 3, 5, 7"),
         # Rank 1 holds seq 5: its window runs 5..11, so seq 13 stops the slot.
         ({1: 5}, {0: 14}, [13], 14, "rank 1 has not read its seqs 5, 7, 9, 11"),
         # Two slots: seq 10 is slot 0's, which is stuck at rank 0's own seq 8 (in its window).

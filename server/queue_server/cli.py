@@ -63,6 +63,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the world size those ranks belong to (overrides server.world_size)",
     )
     p.add_argument(
+        "--control-plane",
+        help="tcpstore://HOST:PORT: the job's torch.distributed TCPStore (torchrun's "
+        "MASTER_ADDR:MASTER_PORT), where every server of the job shares its steering changes "
+        "(overrides server.control_plane)",
+    )
+    p.add_argument(
         "--ready-file",
         type=Path,
         help="write {address, metrics_address, pid} here as JSON once bound",
@@ -100,6 +106,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         overrides["ranks"] = args.ranks
     if args.world_size is not None:
         overrides["world_size"] = args.world_size
+    if args.control_plane is not None:
+        overrides["control_plane"] = args.control_plane
     if args.keep_serving:
         overrides["keep_serving"] = True
     return replace(config, **overrides)
@@ -234,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["reset"]:
         return _reset(argv[1:])
+    if argv[:1] == ["control-store"]:
+        from queue_server.steering.store_host import main as store_main
+
+        return store_main(argv[1:])
     args = _parse_args(argv)
     configure_logging(args.verbose)
     if args.parent_pipe is not None:

@@ -38,6 +38,7 @@ from queue_server.production.backend import ProduceFailed, ProductionBackend, Sl
 from queue_server.production.worker_process import WorkerDied, WorkerError
 from queue_server.split.leases import LeaseDirectory
 from queue_server.split.queue import SplitQueue
+from queue_server.steering.plane import attach_plane
 
 log = logging.getLogger("queue_server.dataset")
 
@@ -245,6 +246,9 @@ class DatasetRuntime:
             check_split_name(split)
             self.splits[split] = self._split_queue(split, dataset_workers.backend(self, split))
         await asyncio.gather(*(q.open(start_production=False) for q in self.splits.values()))
+        if self.server.control_plane:  # the job's control plane (steering/plane.py)
+            for split, queue in self.splits.items():
+                attach_plane(queue, self.server, self.config.fingerprint(), split, self._unavailable_changed)  # fmt: skip
 
     def _kept_at_built_batch_size(self, meta: dict[str, Any]) -> DatasetConfig | None:
         """The config the dataset dir was built under, when it differs from this one in

@@ -27,7 +27,10 @@ def prepare_server_process(start_workers: bool = True, preload_torch: bool = Tru
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    start_workers = args[:1] != ["reset"] and not {"-h", "--help"} & set(args)
+    command = args[:1]
+    start_workers = command not in (["reset"], ["control-store"]) and not {"-h", "--help"} & set(
+        args
+    )
     prepare_server_process(start_workers, start_workers and _config_needs_torch(args))
     from queue_server.cli import main as cli_main
 

@@ -20,6 +20,7 @@ what was expected.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -42,6 +43,7 @@ from queue_server.config.dataset import (  # noqa: F401  (the config's public na
 from queue_server.config.listen import ListenAddress, parse_listen  # noqa: F401
 from queue_server.config.served_ranks import EVERY_RANK, ServedRanks, spec_text
 from queue_server.config.served_ranks import resolve as resolve_ranks
+from queue_server.steering.store import parse_address
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -86,6 +88,14 @@ class ServerConfig:
     # WORLD_SIZE (or NNODES x LOCAL_WORLD_SIZE); with "all", the world size production starts
     # from before any client asks (0: one rank until then).
     world_size: int = 0
+    # The job's control plane, where the servers of one job share every steering change
+    # (SetMixture, SetCurriculum) so that it takes effect at the same row on each
+    # (docs/multi-node.md): "tcpstore://HOST:PORT", a torch.distributed TCPStore such as
+    # torchrun's MASTER_ADDR:MASTER_PORT; "" (the default): this server steers alone.
+    control_plane: str = ""
+    # The store's keys are under batchqueue/<control_namespace>/: one namespace per job that
+    # shares a store with others.
+    control_namespace: str = "default"
     # A dataset that fails (config, inputs, provider) stops the server with exit code 2;
     # true keeps the others serving and reports the failed one NOT_SERVING with its reason.
     keep_serving: bool = False
@@ -150,6 +160,19 @@ class ServerConfig:
             "server.max_fetch_streams",
             self.max_fetch_streams,
             f"an integer in [1, {MAX_FETCH_STREAMS}]",
+        )
+        check(
+            isinstance(self.control_plane, str), "server.control_plane", self.control_plane,
+            'tcpstore://HOST:PORT or ""',
+        )  # fmt: skip
+        if self.control_plane:
+            parse_address(self.control_plane, "server.control_plane")
+        check(
+            isinstance(self.control_namespace, str)
+            and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", self.control_namespace) is not None,
+            "server.control_namespace",
+            self.control_namespace,
+            "1-64 letters, digits, '.', '_' or '-'",
         )
         names = [d.name for d in self.datasets]
         check(len(set(names)) == len(names), "datasets", names, "unique names")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from queue_client import errors
 from queue_server.journal.records import AlphaChange
+from queue_server.steering.log import ALPHA
 from queue_server.steering.port import SteeredSplit
 
 log = logging.getLogger("queue_server.curriculum")
@@ -44,6 +45,8 @@ async def set_curriculum(
     if position is not None and position < 0:
         raise errors.InvalidRequest(f"position seq {position} for {where} is negative")
     async with split.steering_lock:
+        if split.plane is not None:  # placed by the job's log: the same seq on every server
+            return await split.plane.propose(ALPHA, alpha, position, rank)
         at = split.change_point(position, split.earliest_unmade())
         split.append_record(AlphaChange(at, alpha, rank))
         split.alpha_overrides.append((at, alpha))

@@ -13,6 +13,7 @@ from queue_client import errors
 from queue_client.mixture import check_weights
 from queue_server.config.server import DatasetConfig
 from queue_server.journal.records import MixtureChange
+from queue_server.steering.log import MIXTURE
 from queue_server.steering.port import SteeredSplit
 
 log = logging.getLogger("queue_server.mixture")
@@ -70,6 +71,17 @@ async def set_mixture(
     if position is not None and position < 0:
         raise errors.InvalidRequest(f"position seq {position} for {split.where} is negative")
     async with split.steering_lock:
+        if split.plane is not None:  # placed by the job's log: the same seq on every server
+            provisional = split.change_point(position, split.plane.horizon)
+            try:
+                await asyncio.to_thread(
+                    check_applies, split, [*split.mixture_changes, (provisional, parsed)]
+                )
+            except ValueError as exc:
+                raise _refused(split, weights, exc) from None
+            at = await split.plane.propose(MIXTURE, parsed, position, rank)
+            log.info("%s: mixture weights %s from seq %d on", split.where, parsed, at)
+            return at
         at = -1
         while True:  # production may pass the seq while the check runs: place it again
             placed = split.change_point(position, split.first_unmade())
@@ -81,14 +93,35 @@ async def set_mixture(
                     check_applies, split, [*split.mixture_changes, (at, parsed)]
                 )
             except ValueError as exc:
-                raise errors.InvalidRequest(
-                    f"SetMixture for {split.where}: weights {dict(weights or {})} cannot be "
-                    f"applied: {exc}; nothing was changed"
-                ) from None
+                raise _refused(split, weights, exc) from None
         split.append_record(MixtureChange(at, parsed, rank))
         split.mixture_changes.append((at, parsed))
     log.info("%s: mixture weights %s from seq %d on", split.where, parsed or "of the config", at)
     return at
+
+
+def why_not_applied(split: SteeredSplit, at: int, weights: Mapping[str, float] | None) -> str:
+    """Why a change from the control plane cannot follow the split's changes ("" if it can;
+    CPU work: run it in a thread). Every server runs the same check on the same log, so a
+    change left out is left out everywhere."""
+    try:
+        if weights is not None:
+            check_weights(weights, source_names(split.config), "weights")
+        check_applies(split, [*split.mixture_changes, (at, dict(weights) if weights else None)])
+    except ValueError as exc:
+        return (
+            f"the change from seq {at} (weights {weights}) cannot be applied and is left out: {exc}"
+        )
+    return ""
+
+
+def _refused(
+    split: SteeredSplit, weights: Mapping[str, float] | None, exc: ValueError
+) -> errors.InvalidRequest:
+    return errors.InvalidRequest(
+        f"SetMixture for {split.where}: weights {dict(weights or {})} cannot be applied: "
+        f"{exc}; nothing was changed"
+    )
 
 
 def replayable(split: SteeredSplit, records: Sequence[MixtureChange]) -> tuple[Changes, list[str]]:

@@ -160,6 +160,12 @@ class Planner:
         return None
 
     # ---- bookkeeping of a job ---------------------------------------------------------------
+    def put_back(self, job: Job) -> None:
+        """A job not started (held back by the control plane): due again at the next kick.
+        A forward job is found again where it was; one made again goes back in its set."""
+        if job.again:
+            self.reproduce.add(job.seq)
+
     def started(self, job: Job) -> None:
         self.in_production.add(job.seq)
 
@@ -174,6 +180,12 @@ class Planner:
             self.next_forward[slot] = max(self.next_forward[slot], job.seq + self.slots)
         if job.publish:
             self.wanted.discard(job.seq)
+
+    def first_unmade(self) -> int:
+        """The first seq past every seq made or being made by any slot."""
+        return max(
+            nxt + self.slots if nxt in self.in_production else nxt for nxt in self.next_forward
+        )
 
     def earliest_unmade(self) -> int:
         """The first seq of slot 0 that is not made or being made (a curriculum's next pick)."""

@@ -72,6 +72,7 @@ class Production:
         on_unavailable: Callable[[str | None], None] = lambda reason: None,
         verbose: bool = False,
         can_advance: bool = True,
+        may_make: Callable[[int], bool] = lambda seq: True,
     ) -> None:
         self.where = where
         self.split = split
@@ -84,6 +85,9 @@ class Production:
         self.files_dir = files_dir
         self.changed = changed
         self._job_overrides = job_overrides
+        # The job's control plane lets a seq be made (steering/plane.py); one it holds back
+        # is asked for there, and production is kicked once it may be made.
+        self._may_make = may_make
         self.verbose = verbose
         self.slots = backend.slots
         self.plan = Planner(self.slots, schedule, state, can_advance=can_advance)
@@ -225,6 +229,9 @@ class Production:
                 held = self.leases.lowest_held()
             unleased = len(self.state.files) - len(self.leases)
             job = self.plan.next_job(slot, held, unleased)
+            if job is not None and not self._may_make(job.seq):
+                self.plan.put_back(job)
+                continue
             if job is not None:
                 self.busy.add(slot)
                 self.plan.started(job)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from queue_client import errors
 from queue_client.layout import DatasetLayout
@@ -35,6 +36,9 @@ from queue_server.split.leases import Lease, LeaseDirectory, LeaseTable, Release
 from queue_server.split.schedule import Schedule
 from queue_server.split.state import Counters, FileEntry, SplitState
 from queue_server.split.stats import SplitSnapshot, snapshot
+
+if TYPE_CHECKING:
+    from queue_server.steering.plane import SplitPlane
 
 
 class SplitQueue:
@@ -108,6 +112,7 @@ class SplitQueue:
         self.mixture_changes: list[tuple[int, dict[str, float] | None]] = []
         self.mixture_view: MixtureView | None = None  # set by the dataset, from its meta
         self.steering_lock = asyncio.Lock()  # SetMixture/SetCurriculum: one at a time
+        self.plane: SplitPlane | None = None  # the job's control plane (attach_plane)
         self.production = Production(
             self.where,
             split,
@@ -127,6 +132,7 @@ class SplitQueue:
             verbose=verbose,
             # A composer cannot make a served file without serving it.
             can_advance=not self.curriculum,
+            may_make=lambda seq: self.plane is None or self.plane.allows(seq),
         )
         # A backend that waits for room on its engine (a Ray node) says so, and for how long.
         backend.on_stalled = lambda reason: on_unavailable("placement", reason)
@@ -164,6 +170,12 @@ class SplitQueue:
         if start_production:
             await self.start_production()
 
+    def attach_plane(self, plane: SplitPlane) -> None:
+        """Steer through the job's control plane from now on (after open: it compares the
+        log with the changes this split's journal replayed)."""
+        self.plane = plane
+        plane.start()
+
     async def start_production(self) -> None:
         """Start the split's workers (once): at open, or later for a split started lazily."""
         if self.gate.production_started:
@@ -188,6 +200,8 @@ class SplitQueue:
 
     async def close(self) -> None:
         self._closed = True
+        if self.plane is not None:
+            await self.plane.close()
         self.production.stop()
         await self.tasks.close()
         await self.production.close()
@@ -315,6 +329,8 @@ class SplitQueue:
             return f"; {backend}"  # a curriculum's provider workers are the ones stuck
         if self.state.journal_error:
             return f"; {self.state.journal_error}"
+        if self.plane is not None and self.plane.why():
+            return f"; no file is made past seq {self.plane.allowed_below} while {self.plane.why()}"
         if self.state.last_disk_error:
             return f"; the provider cannot write: {self.state.last_disk_error}"
         if self.state.last_error:
@@ -365,11 +381,7 @@ class SplitQueue:
 
     # ---- steering (queue_server/steering/port.py: what SetMixture and SetCurriculum use) ----
     def first_unmade(self) -> int:
-        """The first seq past every seq made or being made by any slot."""
-        plan = self.production.plan
-        return max(
-            nxt + plan.slots if nxt in plan.in_production else nxt for nxt in plan.next_forward
-        )
+        return self.production.plan.first_unmade()
 
     def earliest_unmade(self) -> int:
         return self.production.earliest_unmade()

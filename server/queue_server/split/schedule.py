@@ -133,17 +133,27 @@ class Schedule:
             last = self.last_consumed.get(rank)
         return rank if last is None else last + self.world_size
 
+    def _position(self, rank: int) -> int:
+        """Where production takes a rank to be: its next seq, or for a rank not heard from
+        yet, where the slowest rank heard from is. Ranks advance together, and a server that
+        a resumed job reaches rank by rank (a fresh one on an empty root) must not make, and
+        wait on, a silent rank's first seqs; if it does ask for one, it is made on demand."""
+        if rank in self.last_acquired or rank in self.last_consumed:
+            return self.next_for(rank)
+        known = list(self.last_acquired.values()) or list(self.last_consumed.values())
+        return rank + self.world_size * (min(known) // self.world_size) if known else rank
+
     def frontier(self, rank: int, held: Mapping[int, int]) -> int:
         """The lowest seq this rank still needs: the file it holds, or its next one.
         `held` maps a rank to the lowest seq it holds a lease on."""
         low = held.get(rank)
-        return low if low is not None else self.next_for(rank)
+        return low if low is not None else self._position(rank)
 
     def first_unread(self, rank: int, held: Mapping[int, int]) -> int:
         """The lowest seq of its own this rank may still read: one it holds or asked for
         last (and may be waiting for), else its next. Seqs below it were read already."""
         asked = [s for s in (held.get(rank), self.last_acquired.get(rank)) if s is not None]
-        return min(asked) if asked else self.next_for(rank)
+        return min(asked) if asked else self._position(rank)
 
     def window_end(self, rank: int, held: Mapping[int, int]) -> int:
         """The first seq past this rank's window."""

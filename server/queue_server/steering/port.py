@@ -11,6 +11,7 @@ from queue_server.journal.records import AlphaChange, MixtureChange
 
 if TYPE_CHECKING:
     from queue_server.mixture.stats import MixtureView
+    from queue_server.steering.plane import SplitPlane
 
 
 class SteeredSplit(Protocol):
@@ -24,6 +25,7 @@ class SteeredSplit(Protocol):
     mixture_changes: list[tuple[int, dict[str, float] | None]]
     alpha_overrides: list[tuple[int, float | None]]
     steering_lock: asyncio.Lock  # one change at a time, each checked against those before
+    plane: SplitPlane | None  # the job's control plane, where servers share their changes
 
     def first_unmade(self) -> int:
         """The first seq past every seq made or being made (a change may start there)."""
