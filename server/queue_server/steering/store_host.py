@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+from queue_client.layout import atomic_write
 from queue_server.steering.store import SCHEME, host_store
 
 
@@ -45,9 +46,7 @@ def main(argv: list[str]) -> int:
         return 1
     address = f"{host}:{store.port}"
     if args.ready_file is not None:
-        tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
-        tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
-        tmp.replace(args.ready_file)
+        atomic_write(args.ready_file, json.dumps({"address": address, "pid": os.getpid()}).encode())
     print(f"batchqueue control store listening on {SCHEME}{address}", file=sys.stderr, flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
