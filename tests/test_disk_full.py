@@ -9,6 +9,7 @@ journal through its seam, JournalKeeper's journal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import subprocess
@@ -22,6 +23,8 @@ from auditor import audit
 from grpc_health.v1 import health_pb2
 
 from conftest import wait_until
+from queue_client import QueueClient
+from queue_client.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.journal.file import Journal
 from queue_server.journal.keeper import JournalKeeper, JournalUnwritable
@@ -209,3 +212,119 @@ def test_injected_journal_errors_stop_report_and_recover(tmp_path: Path, code: i
         assert Journal(journal.path).replay().consumed == {0, 1}
 
     asyncio.run(run())
+
+
+# ---- consumed files whose releases could not be journaled ---------------------------------
+
+
+def _acquire_seq(server, seq: int, wait_ms: int = 5_000) -> pb.Lease:
+    """The lease of `seq` itself, as a trainer's stream names its next file."""
+    return server.stub.AcquireLease(
+        pb.AcquireLeaseRequest(
+            dataset="d", split="train", client_id=CLIENT, seq=seq, wait_ms=wait_ms
+        ),
+        timeout=30,
+    )
+
+
+def _read_on_as_the_disk_fills(server, disk: Path, window: int = 4) -> tuple[list[int], list[int]]:
+    """A trainer holding `window` leases reads on while the disk stays full, until the
+    journal has no room for a release; then it reads the files it still holds, whose releases
+    fail too. Returns (the seqs consumed and journaled, the seqs read whose releases failed)."""
+    root = server.data_root
+    ballast = os.open(disk / "ballast", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    held = [_acquire_seq(server, seq) for seq in range(window)]
+    consumed: list[int] = []
+    failed: list[int] = []
+    try:
+        for _ in range(400):
+            _fill(ballast)
+            lease = held.pop(0)
+            try:
+                _release(server, lease)
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
+                failed.append(lease.seq)
+                break
+            consumed.append(lease.seq)
+            path = root / lease.path
+            wait_until(lambda path=path: not path.exists(), 10, f"{path} deleted")
+            with contextlib.suppress(grpc.RpcError):  # the journal failed on a produced file
+                held.append(_acquire_seq(server, held[-1].seq + 1 if held else lease.seq + 1))
+        else:
+            pytest.fail("the journal never failed to grow")
+        # The files it still holds are read to their end too: their releases fail as well.
+        for lease in held:
+            _fill(ballast)
+            with pytest.raises(grpc.RpcError) as err:
+                _release(server, lease)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+            failed.append(lease.seq)
+    finally:
+        os.close(ballast)
+    assert server.split_stats("d")["journal_error"], "the journal should be failing"
+    return consumed, failed
+
+
+def _queue_files(root: Path) -> set[int]:
+    return {name.seq for name in scan_queue(root / "d" / "queue" / "train")}
+
+
+def test_releases_not_journaled_on_a_full_disk_are_journaled_once_it_has_room(
+    small_disk, start_server
+) -> None:
+    """The server keeps a CONSUMED release it could not journal, and journals it (deleting
+    the file) as soon as the journal can be written again: long before the lease's TTL."""
+    root = small_disk / "data"
+    server = start_server(_config(), data_root=root)
+    server.wait_ready_files("d", 100)
+    consumed, failed = _read_on_as_the_disk_fills(server, small_disk)
+    assert failed and set(failed) <= _queue_files(root)  # still there: nothing was journaled
+    (small_disk / "ballast").unlink()
+    wait_until(lambda: server.split_stats("d")["journal_error"] == "", 60, "the journal to recover")
+    wait_until(lambda: not set(failed) & _queue_files(root), 20, f"seqs {failed} deleted")
+    # The trainer reads on from where it was; none of those files is served again.
+    nxt = max(failed) + 1
+    for seq in range(nxt, nxt + 3):
+        lease = _acquire_seq(server, seq)
+        _release(server, lease)
+        consumed.append(seq)
+    read = sorted(consumed + failed)
+    assert read == list(range(len(read)))
+    audit(server, "d", consumed_seqs={"train": read})
+    server.kill()
+    again = start_server(_config(), data_root=root)
+    assert not set(failed) & _queue_files(root)
+    audit(again, "d", consumed_seqs={"train": read})
+
+
+def test_releases_lost_with_a_killed_server_on_a_full_disk_are_settled_by_the_trainer(
+    small_disk, start_server
+) -> None:
+    """The server SIGKILLed while the releases could not be journaled, restarted once the
+    disk has room: those files come back as ready, below where the trainer reads on. Once the
+    trainer (a QueueClient resumed from its checkpoint) consumes its next file, the server
+    knows the rank read past them: it journals them as consumed and deletes them. Each seq
+    is read once, and nothing unread is lost."""
+    root = small_disk / "data"
+    server = start_server(_config(), data_root=root)
+    server.wait_ready_files("d", 100)
+    consumed, failed = _read_on_as_the_disk_fills(server, small_disk)
+    server.kill()
+    (small_disk / "ballast").unlink()
+    again = start_server(_config(), data_root=root)
+    assert set(failed) <= _queue_files(root)  # the journal says they were never consumed
+    nxt = max(failed) + 1
+    with QueueClient(again.address, "d", timeout_s=60) as trainer:
+        state = trainer.state_dict()
+        state["splits"]["train"] = {"seq": nxt, "offset": 0, "next_seq": nxt + 1, "pending": []}
+        trainer.load_state_dict(state)
+        for _ in range(3 * 2):  # three files of two batches
+            trainer.get_batch("train")
+        assert trainer.state_dict()["splits"]["train"]["seq"] == nxt + 3
+    consumed += range(nxt, nxt + 3)
+    wait_until(lambda: not set(failed) & _queue_files(root), 20, f"seqs {failed} deleted")
+    assert f"seqs {', '.join(map(str, failed))} deleted as consumed" in again.log()
+    read = sorted(consumed + failed)
+    assert read == list(range(len(read))), read
+    audit(again, "d", consumed_seqs={"train": read})

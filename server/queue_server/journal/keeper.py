@@ -6,7 +6,8 @@ written, when it went away, and when it grew long enough to compact.
   served), the error with the path and errno text is in its stats and in the dataset's health,
   and a probe with backoff (0.5 s doubling to 30 s) writes a page beside the journal until that
   succeeds; then the split serves again by itself. Nothing is lost: a record that was not
-  written changed nothing.
+  written changed nothing (a CONSUMED release is kept by the split and journaled then:
+  split/removal.py).
 - A journal deleted, replaced or cut shorter under the server (journal.JournalLost) stops the
   split for good, named in the log, stats and health, instead of writing on into a file no
   restart would find.

@@ -4,7 +4,8 @@ Temp files are leftovers of interrupted writes (of batch files, and of a compact
 beside the journal). A published file the journal does not know (the server died between the
 rename and the journal line) or knows under another name (made again since) is removed: it is
 produced again, identically, if anyone asks, so removing it loses nothing. What is left is
-exactly the journal's view of the disk.
+exactly the journal's view of the disk. The files left are noted (by rank) as ones a rank may
+have read before the restart without its release reaching the journal (split/read_past.py).
 
 A missing journal beside published or quarantined files is another matter: those files would
 all look unjournaled and be removed, and the split would start over as if new. The start
@@ -89,6 +90,10 @@ def reconcile(
         else:
             (directory / str(name)).unlink(missing_ok=True)
             c.orphans_removed += 1
+    if summary.consumed_count:  # a release of one of them may never have reached the journal
+        w = state.read_past_world = summary.world_size
+        for seq in state.files:
+            state.read_past_candidates.setdefault(seq % w, set()).add(seq)
     return summary
 
 

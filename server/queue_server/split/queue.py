@@ -355,6 +355,12 @@ class SplitQueue:
         self.changed.notify()
         self.production.kick()
 
+    def note_released(self, lease_id: str, client_id: str) -> None:
+        """The server released this lease for its client (a kept release, removal.py): the
+        client's own release of it, sent again, is answered as done."""
+        if self._directory is not None:
+            self._directory.note_released(lease_id, client_id)
+
     def append_record(self, record: Consumed | Quarantined | AlphaChange | MixtureChange) -> None:
         """Journal first, memory after: a record that cannot be written changes nothing."""
         try:

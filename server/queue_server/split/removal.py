@@ -4,6 +4,13 @@ Journal first, memory after: the record is appended before anything changes, so 
 be written leaves the file, its lease and the split as they were. The file itself goes in a
 thread; until it is gone its seq is in `state.leaving`, and production waits for that, so the
 files on disk never exceed the windows, not even for a moment.
+
+A CONSUMED release that cannot be journaled (a full disk) is refused all the same, but kept:
+once the journal can be written again (the keeper probes it and recovers by itself) it is
+journaled and the file deleted, whether or not its client sends it again meanwhile; sent again
+after that, it is answered as done. A kept release dies with the server; what then brings such
+a file to its end is its rank reading on: the files a rank read past (read_past.py) are
+journaled as consumed and deleted when it consumes its next file.
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from queue_client import errors
 from queue_client.layout import reason_file
 from queue_server.journal.records import Consumed, Quarantined
+from queue_server.split import read_past
 from queue_server.split.leases import Lease
-from queue_server.split.state import FileEntry
+from queue_server.split.state import FileEntry, KeptRelease
 
 if TYPE_CHECKING:
     from queue_server.split.queue import SplitQueue
@@ -27,15 +36,120 @@ log = logging.getLogger("queue_server.split")
 
 
 def consume(queue: SplitQueue, lease: Lease, entry: FileEntry, why: str) -> None:
-    """The leased file was read to its end: journaled, its lease dropped, the file deleted."""
-    queue.append_record(Consumed(lease.seq, lease.world_size))
+    """The leased file was read to its end: journaled, its lease dropped, the file deleted.
+    A release the journal has no room for raises ServerUnavailable, and is kept."""
+    try:
+        queue.append_record(Consumed(lease.seq, lease.world_size))
+    except errors.ServerUnavailable as exc:
+        _keep_release(queue, lease)
+        raise errors.ServerUnavailable(
+            f"{exc} (or not: this release is kept, and journaled by the server once the "
+            "journal can be written)"
+        ) from None
     queue.leases.drop(lease, why)
-    del queue.state.files[lease.seq]
-    queue.state.consumed.add(lease.seq)
-    queue.state.counters.consumed_files += 1
-    queue.schedule.note_consumed(lease.rank, lease.seq)
+    _consumed(queue, entry, lease.rank)
+    _settle_read_past(queue, lease.rank)
+
+
+def _consumed(queue: SplitQueue, entry: FileEntry, rank: int) -> None:
+    """Journaled as consumed by `rank`: out of the split's memory, then off the disk."""
+    state = queue.state
+    del state.files[entry.seq]
+    state.consumed.add(entry.seq)
+    state.kept_releases.pop(entry.seq, None)
+    state.counters.consumed_files += 1
+    queue.schedule.note_consumed(rank, entry.seq)
     path = queue.dir / entry.name
     _off_disk(queue, entry.seq, lambda: path.unlink(missing_ok=True))
+
+
+# ---- releases the journal never heard of ---------------------------------------------------
+def _keep_release(queue: SplitQueue, lease: Lease) -> None:
+    """Keep a CONSUMED release the journal had no room for, to journal it once it has."""
+    kept = queue.state.kept_releases
+    first = not kept
+    kept[lease.seq] = KeptRelease(lease.lease_id, lease.client_id, lease.rank, lease.world_size)
+    if first:
+        queue.tasks.spawn(_journal_kept_releases(queue))
+
+
+async def _journal_kept_releases(queue: SplitQueue) -> None:
+    """Wait (on the split's changes: a recovered journal notifies them) until the journal can
+    be written, then journal every kept release; again if the journal fails meanwhile."""
+    state = queue.state
+    while state.kept_releases:
+        if state.journal_error:
+            await queue.changed.wait(None)
+            continue
+        for seq, kept in list(state.kept_releases.items()):
+            if not _journal_kept(queue, seq, kept):
+                break
+        queue.changed.notify()
+        queue.production.kick()
+
+
+def _journal_kept(queue: SplitQueue, seq: int, kept: KeptRelease) -> bool:
+    """Journal one kept release and delete its file; False if the journal failed again."""
+    state = queue.state
+    entry = state.files.get(seq)
+    holder = queue.leases.holder(seq)
+    if entry is None or (holder is not None and holder.lease_id != kept.lease_id):
+        del state.kept_releases[seq]  # gone meanwhile, or leased again: its reader decides
+        return True
+    try:
+        queue.append_record(Consumed(seq, kept.world_size))
+    except errors.ServerUnavailable:
+        return False
+    if holder is not None:
+        queue.leases.drop(holder, "released as CONSUMED (journaled once the journal had room)")
+    queue.note_released(kept.lease_id, kept.client_id)  # sent again, it is done
+    log.info("%s seq %d: its release journaled once the journal had room", queue.where, seq)
+    _consumed(queue, entry, kept.rank)
+    _settle_read_past(queue, kept.rank)
+    return True
+
+
+def _settle_read_past(queue: SplitQueue, rank: int) -> None:
+    """`rank` consumed a file: journal as consumed, and delete, its files it read past before
+    the split opened (read_past.py). Nothing to do once each of its files that were on disk at
+    the start has been leased or has gone: the usual case, from its first files on."""
+    state, schedule = queue.state, queue.schedule
+    candidates = state.read_past_candidates.get(rank)
+    if candidates is None:
+        return
+    if (
+        not schedule.deterministic
+        or queue.is_candidates  # read in the composer's order, not in seq order
+        or schedule.world_size != state.read_past_world
+    ):
+        state.read_past_candidates.clear()
+        return
+    for seq in list(candidates):
+        if seq not in state.files or seq in state.leaving or queue.leases.holder(seq) is not None:
+            candidates.discard(seq)  # gone, or leased since the start: its reader decides
+    if not candidates:
+        del state.read_past_candidates[rank]
+        return
+    last = schedule.last_consumed.get(rank, -1)
+    if not any(seq < last for seq in candidates):
+        return
+    done: list[int] = []
+    for seq in read_past.read_past(schedule, candidates, queue.leases.lowest_held()):
+        try:
+            queue.append_record(Consumed(seq, schedule.world_size))
+        except errors.ServerUnavailable:
+            break  # looked at again at its next consumption
+        candidates.discard(seq)
+        _consumed(queue, state.files[seq], rank)
+        done.append(seq)
+    if done:
+        log.warning(
+            "%s: seqs %s deleted as consumed: rank %d consumed later seqs of its own, and "
+            "their releases never reached the journal before the server restarted",
+            queue.where,
+            ", ".join(map(str, done)),
+            rank,
+        )
 
 
 def quarantine(queue: SplitQueue, entry: FileEntry, reason: str) -> None:

@@ -23,6 +23,16 @@ class FileEntry:
     crc32: int
 
 
+@dataclass(frozen=True)
+class KeptRelease:
+    """A CONSUMED release the journal had no room for, journaled once it has (removal.py)."""
+
+    lease_id: str
+    client_id: str
+    rank: int
+    world_size: int
+
+
 @dataclass
 class Counters:
     produced_files: int = 0
@@ -55,6 +65,14 @@ class SplitState:
     # The journal cannot be written (a disk error, path and errno text) or was lost (deleted
     # or cut under the server): the split hands out nothing until this is "" again.
     journal_error: str = ""
+    # seq -> a CONSUMED release of it that could not be journaled: journaled once the journal
+    # can be written again (the file stays on disk until then).
+    kept_releases: dict[int, KeptRelease] = field(default_factory=dict)
+    # rank -> its files on disk when the split opened, not leased since: those it may have
+    # read before a restart without the release reaching the journal (read_past.py). Ranks
+    # and seqs under the journal's world size at opening, `read_past_world`.
+    read_past_candidates: dict[int, set[int]] = field(default_factory=dict)
+    read_past_world: int = 0
     # Seconds the next restart of a failing worker waits (0: none failing).
     worker_backoff_s: float = 0.0
     # Compaction: seqs below floor (read by their rank already) are only counted, in folded;
