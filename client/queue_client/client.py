@@ -35,7 +35,8 @@ from queue_client.resume import STATE_VERSION, StreamPlan, plan_resume
 from queue_client.rows import batch_size_of, rows_dependence
 from queue_client.rpc import Rpc
 from queue_client.schema import FieldSpec
-from queue_client.steering import SteeringMixin
+from queue_client.skipping import StepSkips, step_of
+from queue_client.steering import SkippingMixin, SteeringMixin
 from queue_client.storage import codec_for
 from queue_client.stream import LeaseRef, SplitStream, StreamView
 from queue_client.transfer import Transfer
@@ -47,7 +48,7 @@ log = logging.getLogger("queue_client")
 Batch = tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]
 
 
-class QueueClient(LeaseMixin, SteeringMixin):
+class QueueClient(SkippingMixin, LeaseMixin, SteeringMixin):
     """Batches of one dataset for one trainer rank. Not thread-safe: one trainer thread calls it.
 
     Its lease RPCs are leasing.py's; set_curriculum and set_mixture are steering.py's."""
@@ -162,6 +163,7 @@ class QueueClient(LeaseMixin, SteeringMixin):
         self._transfer = Transfer(self.device, copy=copy)
         self._streams: dict[str, SplitStream] = {}
         self._resume: dict[str, StreamPlan] = {}
+        self._step_skips: dict[str, StepSkips] = {}  # each split's step counter and skips
         self._held: dict[int, LeaseRef] = {}
         self._held_lock = threading.Lock()
         self._stop_renewing = threading.Event()
@@ -191,6 +193,10 @@ class QueueClient(LeaseMixin, SteeringMixin):
         stream = self._streams.get(split)
         if stream is None:
             stream = self._open_stream(split)
+        skips = self._step_skips[split]
+        if skips.check_needed() and self._skip_if_due(split, skips):
+            stream = self._open_stream(split)
+        skips.step += 1
         if batch_size is None:
             size = self.batch_size
         elif type(batch_size) is int and batch_size >= 1:
@@ -273,7 +279,8 @@ class QueueClient(LeaseMixin, SteeringMixin):
         for split in sorted(set(self._streams) | set(self._resume)):
             stream = self._streams.get(split)
             plan = stream.plan() if stream is not None else self._resume[split]
-            splits[split] = plan.to_state(w)
+            steps = self._step_skips.get(split)
+            splits[split] = {**plan.to_state(w), "step": steps.step if steps else 0}
         return {
             "version": STATE_VERSION,
             "dataset": self.dataset,
@@ -315,6 +322,7 @@ class QueueClient(LeaseMixin, SteeringMixin):
             stream.close()
         self._streams.clear()
         self._resume = plans
+        self._step_skips = {split: StepSkips(step_of(state, split, self.world)) for split in plans}
 
     def close(self) -> None:
         """Return held leases (finished files as consumed) and close the connection."""
@@ -340,6 +348,9 @@ class QueueClient(LeaseMixin, SteeringMixin):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _rows_per_file(self) -> int:
+        return self.file_batch_size * self._batches_per_file()
+
     def _batches_per_file(self) -> int:
         nb = self.meta.get("batches_per_file")
         return nb if isinstance(nb, int) and nb > 0 else 0
@@ -356,6 +367,10 @@ class QueueClient(LeaseMixin, SteeringMixin):
         if self._closed:
             raise errors.InvalidRequest("this QueueClient is closed")
         self._check_split(split)
+        self._list_skips(split)  # one call as a stream opens: a resume inside a skip moves on
+        skips = self._step_skips[split]
+        if skips.check_needed():
+            self._skip_if_due(split, skips)
         plan: StreamPlan | None = None
         if self.mode == "deterministic":
             plan = self._resume.pop(split, StreamPlan((), self.world.rank))

@@ -247,8 +247,11 @@ class HelperStream(SplitStream):
         self.link.done(self.split, slot, outcome == pb.CONSUMED, waited_s)
         self._free.append(slot)
 
-    def _give_back_pending(self, first: tuple[int, int] | None = None) -> None:
-        """Return every file asked for (once the helper has it) and put them back in line."""
+    def _give_back_pending(
+        self, first: tuple[int, int] | None = None, skipped: frozenset[int] = frozenset()
+    ) -> None:
+        """Return every file asked for (once the helper has it) and put them back in line;
+        the helper releases those in `skipped` as consumed."""
         items = [first] if first is not None else []
         while self._pending:
             job, item = self._pending.popleft()
@@ -260,16 +263,17 @@ class HelperStream(SplitStream):
             except BaseException:
                 self._free.append(job.slot)  # nothing held: the helper reported the failure
                 continue
-            self.link.done(self.split, job.slot, False)
+            consumed = item is not None and item[0] in skipped
+            self.link.done(self.split, job.slot, consumed)
             self._free.append(job.slot)
         self._plan.extendleft(reversed(items))
 
-    def close(self) -> None:
+    def close(self, skipped: frozenset[int] = frozenset()) -> None:
         """Give back what this stream holds (a finished file as consumed, the rest unread);
         a helper that is gone has given its files back already, or they expire."""
         try:
             if not self.link.closed:
-                super().close()
+                super().close(skipped)
         finally:
             self._lane.close()
             self._finished, self.current, self.row = [], None, 0

@@ -100,6 +100,7 @@ class LeaseMixin:
                         ) from None
                     continue
                 self.carries_releases = lease.carries_releases
+                self._note_skips(split, lease.skips)
                 done = set(lease.released)
                 self._release_all([(ref, r) for ref, r in riding if r.lease_id not in done])
                 riding = []
@@ -107,6 +108,9 @@ class LeaseMixin:
         except BaseException:
             self._release_all(riding)
             raise
+
+    def _note_skips(self, split: str, skips: Sequence[pb.StepRange]) -> None:
+        """The split's skipped steps, as a lease reply gave them (QueueClient applies them)."""
 
     def _release_all(self, releases: Sequence[tuple[LeaseRef, pb.ReleaseLeaseRequest]]) -> None:
         """Send releases one by one; a failure is logged, as a finished file's release is

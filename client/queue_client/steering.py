@@ -4,13 +4,14 @@ calls at the same steps change the same seqs whatever the timing."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from queue_client import errors
 from queue_client.mixture import is_weight_number
 from queue_client.resume import StreamPlan
 from queue_client.rpc import Rpc
+from queue_client.skipping import StepSkips, advanced, passed_over
 from queue_client.stream import SplitStream
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import World
@@ -91,3 +92,84 @@ class SteeringMixin:
         if plan is not None:
             return int(plan.items[0][0]) if plan.items else int(plan.next_seq)
         return self.world.rank
+
+
+class SkippingMixin:
+    """SkipSteps for QueueClient: skip global steps on every rank, and apply the skips the
+    server reports (queue_client/skipping.py) to this client's streams."""
+
+    dataset: str
+    world: World
+    mode: str
+    timeout_s: float
+    batch_size: int
+    _rpc: Rpc
+    _streams: dict[str, SplitStream]
+    _resume: dict[str, StreamPlan]
+    _step_skips: dict[str, StepSkips]
+
+    if TYPE_CHECKING:
+
+        def _check_split(self, split: str) -> None: ...
+
+        def _position(self, split: str) -> int: ...
+
+        def _rows_per_file(self) -> int: ...
+
+    def skip_steps(
+        self, from_step: int, to_step: int, split: str = "train"
+    ) -> list[tuple[int, int]]:
+        """Skip global steps [from_step, to_step) on every rank of the job (the steps after a
+        loss spike): each rank's step counter (its get_batch calls, kept in state_dict) goes
+        from from_step straight to to_step, its stream advanced that many batches of the
+        dataset's batch size, unread. Call it from one rank. A checkpoint taken before the
+        call skips them too when resumed; one inside the range resumes at to_step. Returns
+        every skip in force. from_step must lie past every file a rank may have leased:
+        InvalidRequest naming the earliest step that can be skipped now otherwise."""
+        self._check_split(split)
+        skips = self._step_skips.setdefault(split, StepSkips())
+        request = pb.SkipStepsRequest(
+            dataset=self.dataset,
+            split=split,
+            from_step=int(from_step),
+            to_step=int(to_step),
+            position_step=skips.step,
+            position_seq=self._position(split),
+            rank=self.world.rank,
+        )
+        reply = self._rpc.call("SkipSteps", request, timeout_s=self.timeout_s)
+        ranges = [(int(r.from_step), int(r.to_step)) for r in reply.skips]
+        skips.learn(ranges)
+        return ranges
+
+    def _note_skips(self, split: str, skips: Sequence[pb.StepRange]) -> None:
+        found = self._step_skips.get(split)
+        if found is not None:
+            found.learn((r.from_step, r.to_step) for r in skips)
+
+    def _list_skips(self, split: str) -> None:
+        """Learn the split's skips as a stream opens (a lease reply tells of later ones)."""
+        skips = self._step_skips.setdefault(split, StepSkips())
+        if self.mode != "deterministic":
+            return
+        request = pb.SkipStepsRequest(dataset=self.dataset, split=split, list_only=True)
+        reply = self._rpc.call("SkipSteps", request, timeout_s=self.timeout_s)
+        skips.learn((r.from_step, r.to_step) for r in reply.skips)
+
+    def _skip_if_due(self, split: str, skips: StepSkips) -> bool:
+        """At a skipped range: advance the stream past it, unread. True if it moved."""
+        target = skips.due()
+        if target is None:
+            return False
+        stream = self._streams.pop(split, None)
+        plan = stream.plan() if stream is not None else self._resume.get(split)
+        if plan is None:
+            plan = StreamPlan((), self.world.rank)
+        rows = (target - skips.step) * self.batch_size
+        stride = self.world.world_size
+        moved = advanced(plan, rows, self._rows_per_file(), stride)
+        if stream is not None:  # files wholly passed over go back consumed, the rest unread
+            stream.close(passed_over(plan, moved, stride))
+        self._resume[split] = moved
+        skips.step = target
+        return True

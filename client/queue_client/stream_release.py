@@ -74,8 +74,11 @@ class StreamReleases:
         except errors.BatchQueueError as exc:
             log.warning("releasing %s/%s seq %d failed: %s", ref.dataset, ref.split, ref.seq, exc)
 
-    def _give_back_pending(self, first: tuple[int, int] | None = None) -> None:
-        """Return every prefetched file unread and put them (after `first`) back in line."""
+    def _give_back_pending(
+        self, first: tuple[int, int] | None = None, skipped: frozenset[int] = frozenset()
+    ) -> None:
+        """Return every prefetched file unread and put them (after `first`) back in line;
+        those in `skipped` (steps skipped past them, skipping.py) are released as consumed."""
         items = [first] if first is not None else []
         while self._pending:
             job, item = self._pending.popleft()
@@ -87,23 +90,25 @@ class StreamReleases:
                 loaded = job.result(timeout=self.timeout_s)
             except BaseException:
                 continue
-            self.source.release(loaded.lease, RETURNED)
+            self.source.release(loaded.lease, CONSUMED if loaded.seq in skipped else RETURNED)
         self._plan.extendleft(reversed(items))
 
-    def close(self) -> None:
-        """Give back what this stream holds: a finished file as consumed, the rest unread.
+    def close(self, skipped: frozenset[int] = frozenset()) -> None:
+        """Give back what this stream holds: a finished file as consumed, the rest unread
+        (but the files in `skipped`, whose rows a skip of steps passed over: consumed).
         The releases already handed to the background are done when this returns. A
         server that cannot be reached ends the giving back at its first failed call (which
         raises), and the stream's threads end all the same."""
         try:
-            self._give_back_pending()
+            self._give_back_pending(skipped=skipped)
             self._lane.close()
             finished, self._finished = self._finished, []
             for old in finished:
                 self._give_back(old, CONSUMED)
             cur, self.current = self.current, None
             if cur is not None:
-                self._give_back(cur, CONSUMED if self.row >= cur.rows else RETURNED)
+                done = self.row >= cur.rows or cur.seq in skipped
+                self._give_back(cur, CONSUMED if done else RETURNED)
         finally:
             self._lane.close()  # idempotent
             self._finished, self.current, self.row = [], None, 0

@@ -273,6 +273,40 @@ class SetMixtureRequest(_message.Message):
     rank: int
     def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., weights: _Optional[_Mapping[str, float]] = ..., reset: _Optional[bool] = ..., position_seq: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
 
+class StepRange(_message.Message):
+    __slots__ = ("from_step", "to_step")
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    TO_STEP_FIELD_NUMBER: _ClassVar[int]
+    from_step: int
+    to_step: int
+    def __init__(self, from_step: _Optional[int] = ..., to_step: _Optional[int] = ...) -> None: ...
+
+class SkipStepsRequest(_message.Message):
+    __slots__ = ("dataset", "split", "from_step", "to_step", "position_step", "position_seq", "rank", "list_only")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    TO_STEP_FIELD_NUMBER: _ClassVar[int]
+    POSITION_STEP_FIELD_NUMBER: _ClassVar[int]
+    POSITION_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LIST_ONLY_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    split: str
+    from_step: int
+    to_step: int
+    position_step: int
+    position_seq: int
+    rank: int
+    list_only: bool
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., from_step: _Optional[int] = ..., to_step: _Optional[int] = ..., position_step: _Optional[int] = ..., position_seq: _Optional[int] = ..., rank: _Optional[int] = ..., list_only: _Optional[bool] = ...) -> None: ...
+
+class SkipStepsResponse(_message.Message):
+    __slots__ = ("skips",)
+    SKIPS_FIELD_NUMBER: _ClassVar[int]
+    skips: _containers.RepeatedCompositeFieldContainer[StepRange]
+    def __init__(self, skips: _Optional[_Iterable[_Union[StepRange, _Mapping]]] = ...) -> None: ...
+
 class SetMixtureResponse(_message.Message):
     __slots__ = ("effective_seq",)
     EFFECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -362,7 +396,7 @@ class AcquireLeaseRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., wait_ms: _Optional[int] = ..., carried: _Optional[bool] = ..., reacquire: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseLeaseRequest, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "dataset", "split", "seq", "path", "num_batches", "batch_size", "size_bytes", "crc32", "ttl_ms", "rank", "world_size", "released", "carries_releases")
+    __slots__ = ("lease_id", "dataset", "split", "seq", "path", "num_batches", "batch_size", "size_bytes", "crc32", "ttl_ms", "rank", "world_size", "released", "carries_releases", "skips")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +411,7 @@ class Lease(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     CARRIES_RELEASES_FIELD_NUMBER: _ClassVar[int]
+    SKIPS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     dataset: str
     split: str
@@ -391,7 +426,8 @@ class Lease(_message.Message):
     world_size: int
     released: _containers.RepeatedScalarFieldContainer[str]
     carries_releases: bool
-    def __init__(self, lease_id: _Optional[str] = ..., dataset: _Optional[str] = ..., split: _Optional[str] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., num_batches: _Optional[int] = ..., batch_size: _Optional[int] = ..., size_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., released: _Optional[_Iterable[str]] = ..., carries_releases: _Optional[bool] = ...) -> None: ...
+    skips: _containers.RepeatedCompositeFieldContainer[StepRange]
+    def __init__(self, lease_id: _Optional[str] = ..., dataset: _Optional[str] = ..., split: _Optional[str] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., num_batches: _Optional[int] = ..., batch_size: _Optional[int] = ..., size_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., released: _Optional[_Iterable[str]] = ..., carries_releases: _Optional[bool] = ..., skips: _Optional[_Iterable[_Union[StepRange, _Mapping]]] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
     __slots__ = ("lease_id", "client_id", "outcome", "reason", "waited_s")

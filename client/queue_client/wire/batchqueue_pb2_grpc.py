@@ -89,6 +89,11 @@ class BatchQueueStub:
                 request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureRequest.SerializeToString,
                 response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureResponse.FromString,
                 _registered_method=True)
+        self.SkipSteps = channel.unary_unary(
+                '/batchqueue.v1.BatchQueue/SkipSteps',
+                request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsRequest.SerializeToString,
+                response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsResponse.FromString,
+                _registered_method=True)
 
 
 class BatchQueueServicer:
@@ -193,6 +198,19 @@ class BatchQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SkipSteps(self, request, context):
+        """Removes global steps [from_step, to_step) from every rank's stream of a split (see
+        docs/ordering.md, "Skipping steps"): a rank whose step counter reaches from_step goes on
+        at to_step, its stream advanced by that many batches of the dataset's batch_size, and a
+        rank resumed from a checkpoint inside the range goes on at to_step. from_step must lie
+        past every file any rank may have leased: INVALID_ARGUMENT naming the earliest step that
+        can be skipped now otherwise. Journaled before it is answered, and shared with every
+        server of the job through its control plane. Every Lease carries the split's skips.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BatchQueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -250,6 +268,11 @@ def add_BatchQueueServicer_to_server(servicer, server):
                     servicer.SetMixture,
                     request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureRequest.FromString,
                     response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureResponse.SerializeToString,
+            ),
+            'SkipSteps': grpc.unary_unary_rpc_method_handler(
+                    servicer.SkipSteps,
+                    request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsRequest.FromString,
+                    response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -549,6 +572,33 @@ class BatchQueue:
             '/batchqueue.v1.BatchQueue/SetMixture',
             queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureRequest.SerializeToString,
             queue__client_dot_wire_dot_batchqueue__pb2.SetMixtureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SkipSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchqueue.v1.BatchQueue/SkipSteps',
+            queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsRequest.SerializeToString,
+            queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsResponse.FromString,
             options,
             channel_credentials,
             insecure,

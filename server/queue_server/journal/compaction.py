@@ -32,6 +32,7 @@ from queue_server.journal.records import (
     MixtureChange,
     Produced,
     Snapshot,
+    StepSkip,
     encode,
 )
 from queue_server.split.state import SplitState
@@ -44,7 +45,7 @@ class Facts:
 
     world_size: int = 1
     last_consumed: dict[int, int] = field(default_factory=dict)
-    alpha_changes: list[AlphaChange | MixtureChange] = field(default_factory=list)
+    alpha_changes: list[AlphaChange | MixtureChange | StepSkip] = field(default_factory=list)
     records: int = 0
 
 

@@ -26,7 +26,7 @@ from queue_client.layout import temp_path
 from queue_server.background import BackgroundTasks
 from queue_server.journal import compaction
 from queue_server.journal.file import Journal, JournalLost
-from queue_server.journal.records import AlphaChange, Consumed, MixtureChange, Record
+from queue_server.journal.records import AlphaChange, Consumed, MixtureChange, Record, StepSkip
 from queue_server.split.state import SplitState
 
 log = logging.getLogger("queue_server.journal")
@@ -99,7 +99,7 @@ class JournalKeeper:
             facts.world_size = record.world_size
             rank = record.seq % record.world_size
             facts.last_consumed[rank] = max(record.seq, facts.last_consumed.get(rank, -1))
-        elif isinstance(record, (AlphaChange, MixtureChange)):
+        elif isinstance(record, (AlphaChange, MixtureChange, StepSkip)):
             facts.alpha_changes.append(record)
         if self.compact_records and facts.records >= self._next_compaction and not self._compacting:
             self._compacting = True

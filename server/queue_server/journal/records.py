@@ -93,6 +93,15 @@ class MixtureChange:
     rank: int
 
 
+@dataclass(frozen=True)
+class StepSkip:
+    """A SkipSteps call: global steps [at, to) leave every rank's stream."""
+
+    at: int
+    to: int
+    rank: int
+
+
 @dataclass
 class Folded:
     """Seqs below a compaction floor, by their last state: counted, no longer listed."""
@@ -115,12 +124,14 @@ class Snapshot:
     consumed: tuple[int, ...]
     quarantined: tuple[int, ...]
     on_disk: tuple[int, ...]
-    alpha_changes: tuple[AlphaChange | MixtureChange, ...]
+    alpha_changes: tuple[AlphaChange | MixtureChange | StepSkip, ...]
     counts: dict[str, int]
     folded: Folded
 
 
-Record = Produced | Advanced | Consumed | Quarantined | AlphaChange | MixtureChange | Snapshot
+Record = (
+    Produced | Advanced | Consumed | Quarantined | AlphaChange | MixtureChange | StepSkip | Snapshot
+)
 
 
 def _snapshot_obj(record: Snapshot) -> dict[str, Any]:
@@ -140,10 +151,13 @@ def _snapshot_obj(record: Snapshot) -> dict[str, Any]:
     }
 
 
-def _change_entry(change: AlphaChange | MixtureChange) -> list[Any]:
-    """A setting change in a snapshot: [at, alpha, rank], or [at, weights, rank, "mix"]."""
+def _change_entry(change: AlphaChange | MixtureChange | StepSkip) -> list[Any]:
+    """A setting change in a snapshot: [at, alpha, rank], [at, weights, rank, "mix"], or
+    [from, to, rank, "skip"]."""
     if isinstance(change, MixtureChange):
         return [change.at, change.weights, change.rank, "mix"]
+    if isinstance(change, StepSkip):
+        return [change.at, change.to, change.rank, "skip"]
     return [change.at, change.alpha, change.rank]
 
 
@@ -177,15 +191,21 @@ def encode(record: Record) -> bytes:
         obj = _snapshot_obj(record)
     elif isinstance(record, MixtureChange):
         obj = {"e": "mix", "at": record.at, "weights": record.weights, "rank": record.rank}
+    elif isinstance(record, StepSkip):
+        obj = {"e": "skip", "at": record.at, "to": record.to, "rank": record.rank}
     else:
         obj = {"e": "alpha", "at": record.at, "alpha": record.alpha, "rank": record.rank}
     obj["v"] = JOURNAL_VERSION
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
-def _alpha(at: Any, alpha: Any, rank: Any, kind: str = "alpha") -> AlphaChange | MixtureChange:
+def _alpha(
+    at: Any, alpha: Any, rank: Any, kind: str = "alpha"
+) -> AlphaChange | MixtureChange | StepSkip:
     if kind == "mix":
         return _mix(at, alpha, rank)
+    if kind == "skip":
+        return StepSkip(int(at), int(alpha), int(rank))
     return AlphaChange(int(at), None if alpha is None else float(alpha), int(rank))
 
 
@@ -244,6 +264,8 @@ def decode(obj: dict[str, Any], where: str) -> Record | None:
         return _decode_snapshot(obj)
     if kind == "mix":
         return _mix(obj["at"], obj.get("weights"), obj.get("rank", 0))
+    if kind == "skip":
+        return StepSkip(int(obj["at"]), int(obj["to"]), int(obj.get("rank", 0)))
     return None
 
 
@@ -281,7 +303,7 @@ class JournalSummary:
     world_size: int = 1
     # rank -> last consumed seq, under world_size.
     last_consumed: dict[int, int] = field(default_factory=dict)
-    alpha_changes: list[AlphaChange | MixtureChange] = field(default_factory=list)
+    alpha_changes: list[AlphaChange | MixtureChange | StepSkip] = field(default_factory=list)
     # From the last snapshot: seqs below floor are folded into counts; states_only maps a seq
     # below it to the record that can make it again (a rewind), without it being accounted.
     floor: int = 0

@@ -58,11 +58,14 @@ __all__ = [
     "check_renew",
     "check_set_curriculum",
     "check_set_mixture",
+    "check_skip_steps",
     "check_strings",
 ]
 
 # Sources of one mixture, and the length of a source name (mixture/config.py).
 MAX_MIXTURE_SOURCES = 255
+# SkipSteps: global steps up to this (steering/skips.py MAX_STEP).
+MAX_STEP = 999_999_999_999
 MAX_SOURCE_NAME = 64
 
 # The most characters of each string field of a BatchQueue request, by the field's name
@@ -182,3 +185,15 @@ def check_set_mixture(request: pb.SetMixtureRequest) -> None:
         )
     if request.reset and request.weights:
         raise InvalidRequest("reset = true goes back to the config's weights: send no weights")
+
+
+def check_skip_steps(request: pb.SkipStepsRequest) -> None:
+    """SkipSteps: rank, the steps and the caller's position (the range in steering/skips.py)."""
+    check_int("rank", request.rank, 0, MAX_WORLD_SIZE - 1)
+    if request.list_only:
+        return
+    check_int("from_step", request.from_step, 0, MAX_STEP)
+    check_int("to_step", request.to_step, 0, MAX_STEP)
+    check_int("position_step", request.position_step, 0, MAX_STEP)
+    if request.HasField("position_seq"):
+        check_int("position_seq", request.position_seq, 0, MAX_SEQ)

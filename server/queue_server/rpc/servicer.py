@@ -35,6 +35,7 @@ from queue_server.split.queue import SplitQueue
 from queue_server.split.stats import prepare_stats, training_view
 from queue_server.split.throughput import Throughput
 from queue_server.split.training_units import SplitUnits, split_units
+from queue_server.steering import skips as step_skips
 
 log = logging.getLogger("queue_server.servicer")
 
@@ -229,6 +230,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             world_size=lease.world_size,
             released=released,
             carries_releases=True,
+            skips=[pb.StepRange(from_step=a, to_step=b) for a, b in queue.skips],
         )
 
     async def _release_carried(self, request: pb.ReleaseLeaseRequest) -> bool:
@@ -292,6 +294,26 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         position = request.position_seq if request.HasField("position_seq") else None
         at = await mixture_changes.set_mixture(queue, weights, position, request.rank)
         return pb.SetMixtureResponse(effective_seq=at)
+
+    @_translate
+    async def SkipSteps(self, request: pb.SkipStepsRequest, context: Any) -> pb.SkipStepsResponse:
+        request_bounds.check_skip_steps(request)
+        runtime = await self._dataset(request.dataset, self._wait_s)
+        queue = self._queue(runtime, request.split or "train")
+        position = request.position_seq if request.HasField("position_seq") else None
+        if request.list_only:
+            return pb.SkipStepsResponse(
+                skips=[pb.StepRange(from_step=a, to_step=b) for a, b in queue.skips]
+            )
+        skips = await step_skips.skip_steps(
+            queue,
+            request.from_step,
+            request.to_step,
+            request.position_step,
+            position,
+            request.rank,
+        )
+        return pb.SkipStepsResponse(skips=[pb.StepRange(from_step=a, to_step=b) for a, b in skips])
 
     @_translate
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:

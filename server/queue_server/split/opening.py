@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from queue_server.curriculum import changes as curriculum_changes
 from queue_server.journal.file import JournalLost
 from queue_server.journal.reconcile import reconcile
-from queue_server.journal.records import AlphaChange, MixtureChange
+from queue_server.journal.records import AlphaChange, MixtureChange, StepSkip
 from queue_server.mixture import changes as mixture_changes
+from queue_server.steering import skips as step_skips
 
 if TYPE_CHECKING:
     from queue_server.split.queue import SplitQueue
@@ -60,14 +61,18 @@ async def restore(queue: SplitQueue) -> None:
     queue.production.resume(summary.last_forward)
 
 
-async def replay_changes(queue: SplitQueue, changes: list[AlphaChange | MixtureChange]) -> None:
+async def replay_changes(
+    queue: SplitQueue, changes: list[AlphaChange | MixtureChange | StepSkip]
+) -> None:
     """The journal's SetCurriculum and SetMixture changes, each checked with the code that
     applies it (in a thread: a mixture's schedule is simulated). A record that cannot be
     applied is left out and named in the log and the split's last error: the dataset serves
     on, since no file past its seq could have been made with it."""
+    queue.skips, refused = step_skips.replayable([c for c in changes if isinstance(c, StepSkip)])
     alphas = [c for c in changes if isinstance(c, AlphaChange)]
     mixes = [c for c in changes if isinstance(c, MixtureChange)]
-    queue.alpha_overrides, refused = curriculum_changes.replayable(alphas)
+    queue.alpha_overrides, more_refused = curriculum_changes.replayable(alphas)
+    refused += more_refused
     if mixes:
         queue.mixture_changes, more = await asyncio.to_thread(
             mixture_changes.replayable, queue, mixes

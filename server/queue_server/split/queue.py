@@ -2,12 +2,10 @@
 
 The jobs live next door: schedule.py (which seq each rank reads, windows), split/leases.py (who
 holds which file, until when), production/ (which seq each slot makes next; the backend that
-makes it), journal/records.py (the record that survives a crash), journal/reconcile.py (disk vs journal at
-start). This class answers the RPCs of one split: acquire, renew, release, SetCurriculum.
-A split opened from disk is opening.py's; a file leaving it (consumed, quarantined) is
-removal.py's; SetCurriculum is curriculum/changes.py's and SetMixture mixture/changes.py's.
-
-Everything here runs on the event loop and never blocks it: files are made in other
+makes it), journal/ (the records that survive a crash; disk vs journal at start). This class
+answers acquire, renew and release; opening.py opens it from disk, removal.py takes files out
+of it, and steering changes (SetMixture, SetCurriculum, SkipSteps) work through its port
+(steering/port.py). It runs on the event loop and never blocks it: files are made in other
 processes, deletes run in a thread, and waiting is on a Signal, not on sleeps.
 """
 
@@ -25,7 +23,7 @@ from queue_server.config.server import DatasetConfig
 from queue_server.journal.file import Journal
 from queue_server.journal.keeper import JournalKeeper
 from queue_server.journal.reconcile import remove_unjournaled
-from queue_server.journal.records import AlphaChange, Consumed, MixtureChange, Quarantined
+from queue_server.journal.records import Record
 from queue_server.mixture.config import is_mixture
 from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProductionBackend, WorkerPlace
@@ -113,6 +111,7 @@ class SplitQueue:
         self.mixture_view: MixtureView | None = None  # set by the dataset, from its meta
         self.steering_lock = asyncio.Lock()  # SetMixture/SetCurriculum: one at a time
         self.plane: SplitPlane | None = None  # the job's control plane (attach_plane)
+        self.skips: list[tuple[int, int]] = []  # SkipSteps: global steps [a, b) left out
         self.production = Production(
             self.where,
             split,
@@ -361,7 +360,7 @@ class SplitQueue:
         if self._directory is not None:
             self._directory.note_released(lease_id, client_id)
 
-    def append_record(self, record: Consumed | Quarantined | AlphaChange | MixtureChange) -> None:
+    def append_record(self, record: Record) -> None:
         """Journal first, memory after: a record that cannot be written changes nothing."""
         try:
             self.keeper.append(record)
@@ -390,7 +389,7 @@ class SplitQueue:
         return self.production.plan.first_unmade()
 
     def earliest_unmade(self) -> int:
-        return self.production.earliest_unmade()
+        return self.production.plan.earliest_unmade()
 
     def change_point(self, position: int | None, earliest: int) -> int:
         return earliest if position is None else self.schedule.change_point(position, earliest)

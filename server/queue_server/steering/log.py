@@ -27,8 +27,8 @@ from typing import Any
 
 from queue_server.steering.store import ControlStore
 
-CLAIM, MIXTURE, ALPHA = "claim", "mix", "alpha"
-CHANGES = (MIXTURE, ALPHA)
+CLAIM, MIXTURE, ALPHA, SKIP = "claim", "mix", "alpha", "skip"
+CHANGES = (MIXTURE, ALPHA, SKIP)
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,13 @@ class Entry:
 
     @property
     def payload(self) -> Any:
-        """A change's value: weights by name (or None) for SetMixture, alpha for SetCurriculum."""
+        """A change's value: weights by name (or None) for SetMixture, alpha for SetCurriculum,
+        [from_step, to_step] for SkipSteps."""
         return self.record.get("value")
 
     @property
     def rank(self) -> int:
         return int(self.record.get("rank", 0))
-
-    def same_change(self, kind: str, at: int, payload: Any) -> bool:
-        return (self.kind, self.at, self.payload) == (kind, at, payload)
 
 
 def change_at(record: dict[str, Any], horizon: int) -> int:

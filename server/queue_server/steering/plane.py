@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 from queue_client import errors
 from queue_server.background import BackgroundTasks
 from queue_server.curriculum import changes as curriculum_changes
-from queue_server.journal.records import AlphaChange, MixtureChange
+from queue_server.journal.records import AlphaChange, MixtureChange, StepSkip
 from queue_server.mixture import changes as mixture_changes
 from queue_server.signal import Signal
-from queue_server.steering.log import ALPHA, CHANGES, CLAIM, MIXTURE, ControlLog, Entry
+from queue_server.steering import skips
+from queue_server.steering.log import ALPHA, CHANGES, CLAIM, MIXTURE, SKIP, ControlLog, Entry
 from queue_server.steering.port import SteeredSplit
 from queue_server.steering.store import ControlStore, TorchStore, parse_address
 
@@ -79,11 +80,14 @@ class SplitPlane:
         self.diverged: str | None = None
         # The changes this server journaled before (replayed at open): the log's first
         # changes must be these; any the log lacks are published again.
-        self._local = [(MIXTURE, at, w) for at, w in split.mixture_changes] + [
-            (ALPHA, at, a) for at, a in split.alpha_overrides
-        ]
+        self._local = (
+            [(MIXTURE, at, w) for at, w in split.mixture_changes]
+            + [(ALPHA, at, a) for at, a in split.alpha_overrides]
+            + [(SKIP, a, [a, b]) for a, b in split.skips]
+        )
         self._local_seen = 0
         self.changes_read = 0
+        self._refusals: dict[int, str] = {}  # a record left out: why, for its proposer
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -114,7 +118,14 @@ class SplitPlane:
         return self.log.horizon if self.log is not None else 0
 
     # ---- changes ------------------------------------------------------------------------
-    async def propose(self, kind: str, value: Any, position: int | None, rank: int) -> int:
+    async def propose(
+        self,
+        kind: str,
+        value: Any,
+        position: int | None,
+        rank: int,
+        extra: dict[str, Any] | None = None,
+    ) -> int:
         """Append a change and apply every record up to it; returns its first seq."""
         if self.log is None or self.error is not None or self.diverged is not None:
             raise errors.ServerUnavailable(
@@ -128,6 +139,7 @@ class SplitPlane:
             "world_size": self._round_size(),
             "files_per_window": self._files_per_window(),
             "by": self.server_id,
+            **(extra or {}),
         }
         async with self._lock:
             try:
@@ -142,7 +154,8 @@ class SplitPlane:
                 await self._apply(entry)
             if not await self._apply(own):
                 raise errors.InvalidRequest(
-                    f"{self.split.where}: the change cannot be applied after the changes "
+                    self._refusals.pop(own.index, None)
+                    or f"{self.split.where}: the change cannot be applied after the changes "
                     "made meanwhile; see the server's log"
                 )
         return own.at
@@ -239,7 +252,9 @@ class SplitPlane:
         self.changes_read += 1
         if self._local_seen < len(self._local):
             expected = self._local[self._local_seen]
-            if not entry.same_change(*expected):
+            kind, at, payload = expected
+            same = entry.kind == kind and entry.payload == payload
+            if not same or (kind != SKIP and entry.at != at):
                 self.diverged = (
                     f"its change #{entry.index} ({entry.kind} from seq {entry.at}: "
                     f"{entry.payload}) differs from this server's journal ({expected[0]} from "
@@ -260,6 +275,23 @@ class SplitPlane:
                 return False
             split.mixture_changes.append((entry.at, entry.payload))
             self._journal(MixtureChange(entry.at, entry.payload, entry.rank))
+        elif entry.kind == SKIP:
+            a, b = (int(x) for x in entry.payload)
+            record = entry.record
+            earliest = skips.earliest_step(
+                entry.at,
+                record.get("position"),
+                int(record.get("position_step", 0)),
+                int(record.get("world_size", 1)),
+                int(record.get("batches_per_file", split.config.batches_per_file)),
+            )
+            if a < earliest and record.get("at") is None:
+                self._refusals[entry.index] = skips.too_early(split.where, a, earliest)
+                log.error("%s: control plane record %d: %s", split.where, entry.index,
+                          self._refusals[entry.index])  # fmt: skip
+                return False
+            split.skips.append((a, b))
+            self._journal(StepSkip(a, b, entry.rank))
         else:
             _, out_of_range = curriculum_changes.replayable(
                 [AlphaChange(entry.at, entry.payload, entry.rank)]
@@ -271,7 +303,8 @@ class SplitPlane:
                 return False
             split.alpha_overrides.append((entry.at, entry.payload))
             self._journal(AlphaChange(entry.at, entry.payload, entry.rank))
-        self._local.append((entry.kind, entry.at, entry.payload))
+        placed = int(entry.payload[0]) if entry.kind == SKIP else entry.at
+        self._local.append((entry.kind, placed, entry.payload))
         self._local_seen += 1
         log.info(
             "%s: %s %s from seq %d on (control plane record %d)",
@@ -279,7 +312,7 @@ class SplitPlane:
         )  # fmt: skip
         return True
 
-    def _journal(self, record: AlphaChange | MixtureChange) -> None:
+    def _journal(self, record: AlphaChange | MixtureChange | StepSkip) -> None:
         """The local copy (a restart replays it, and republishes it to a fresh store)."""
         try:
             self.split.append_record(record)

@@ -7,10 +7,11 @@ import asyncio
 from typing import TYPE_CHECKING, Protocol
 
 from queue_server.config.server import DatasetConfig
-from queue_server.journal.records import AlphaChange, MixtureChange
+from queue_server.journal.records import AlphaChange, MixtureChange, StepSkip
 
 if TYPE_CHECKING:
     from queue_server.mixture.stats import MixtureView
+    from queue_server.split.schedule import Schedule
     from queue_server.steering.plane import SplitPlane
 
 
@@ -24,6 +25,8 @@ class SteeredSplit(Protocol):
     mixture_view: MixtureView | None
     mixture_changes: list[tuple[int, dict[str, float] | None]]
     alpha_overrides: list[tuple[int, float | None]]
+    skips: list[tuple[int, int]]  # SkipSteps: global steps [a, b) every rank skips
+    schedule: Schedule  # which seq each rank reads (its world size, its window)
     steering_lock: asyncio.Lock  # one change at a time, each checked against those before
     plane: SplitPlane | None  # the job's control plane, where servers share their changes
 
@@ -39,6 +42,6 @@ class SteeredSplit(Protocol):
         """The seq a change starts at: from the caller's position, never before `earliest`."""
         ...
 
-    def append_record(self, record: AlphaChange | MixtureChange) -> None:
+    def append_record(self, record: AlphaChange | MixtureChange | StepSkip) -> None:
         """Journal the change before it takes effect (ServerUnavailable if it cannot be)."""
         ...
