@@ -68,14 +68,17 @@ class TrainerStream(IterableDataset[Batch]):
 
     # ---- lifetime ---------------------------------------------------------------------------
     def open(self, rank: int, world_size: int) -> QueueClient:
-        """Connect as rank `rank` of `world_size` (once), resuming from the loaded states."""
+        """Connect as rank `rank` of `world_size` (once), resuming from the loaded states, or
+        where this stream stood when it was closed."""
         if self._client is None:
             client = QueueClient(
                 self.address, self.dataset, rank=rank, world_size=world_size, **self.client_kwargs
             )
+            # This rank's own state resumes this rank where it stood.
+            start: State | list[State] | None = self._pending or self._state
             try:
-                if self._pending is not None:
-                    client.load_state_dict(self._pending)
+                if start is not None:
+                    client.load_state_dict(start)
                 self._state = client.state_dict()
             except BaseException:
                 client.close()
