@@ -52,6 +52,11 @@ def _modules_after(statement: str) -> set[str]:
         ),
         ("import queue_client.batchfile, queue_client.meta", {"queue_server", "uvloop", "torch"}),
         ("from queue_client import QueueClient", {"queue_server", "uvloop"}),
+        # The frameworks' shared part: each framework comes with its own module only.
+        (
+            "import queue_client.integrations.trainer_stream, queue_client.integrations.reweight",
+            {"lightning", "transformers", "accelerate", "torchtitan", "queue_server"},
+        ),
         ("import queue_server.app", {"torch"}),
         ("import queue_server.config.server", {"torch", "uvloop"}),
         # A server starts its forkserver before anything else: nothing may delay that.

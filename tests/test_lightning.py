@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from support.trainer_runs import TrainerRun, rows
 
-from conftest import ROOT, subprocess_env, wait_until
+from conftest import ROOT, char_config, subprocess_env, tiny_corpus, wait_until
 
 pytest.importorskip(
     "lightning", reason="lightning is not installed: pip install -e '.[lightning]' (make setup)"
@@ -122,3 +123,37 @@ def test_a_killed_run_resumes_exactly_on_two_devices_and_on_one(
     r0, r1 = rows(ref.steps(0), 1, STEPS), rows(ref.steps(1), 1, STEPS)
     expected = [r0[3], r1[3], r0[4], r0[5], r1[4], r1[5], r0[6], r0[7]]
     assert rows(one.steps(0), SAVE + 1, SAVE + 8) == expected
+
+
+def test_a_module_that_hides_the_datamodules_hook_is_refused(start_server, tmp_path: Path) -> None:
+    """A LightningModule's own on_before_batch_transfer would replace the DataModule's, which
+    marks each batch trained on: fit refuses it at setup, naming the hook."""
+    import lightning.pytorch as pl
+
+    from queue_client import InvalidRequest
+    from queue_client.integrations.lightning import QueueDataModule
+
+    class Hides(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def on_before_batch_transfer(self, batch: object, dataloader_idx: int) -> object:
+            return batch
+
+        def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+            return self.w.sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    server = start_server(char_config(tiny_corpus(tmp_path / "corpus.txt")))
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    datamodule = QueueDataModule(server.address, "chars")
+    with pytest.raises(InvalidRequest, match="Hides defines on_before_batch_transfer"):
+        trainer.fit(Hides(), datamodule=datamodule)
+    with pytest.raises(InvalidRequest, match="is not open"):
+        datamodule.client  # noqa: B018  (nothing was opened)
