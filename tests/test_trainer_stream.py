@@ -45,9 +45,9 @@ def test_the_state_counts_the_batches_trained_on_and_a_dropped_look_ahead_comes_
     stream.consumed()
     stream.consumed()
     state = stream.state()
-    assert state is not None and state["splits"]["train"] == {
-        "seq": 0, "offset": 2 * 4, "next_seq": 1, "pending": [],
-    }  # fmt: skip
+    assert state is not None
+    place = {k: state["splits"]["train"][k] for k in ("seq", "offset", "next_seq", "pending")}
+    assert place == {"seq": 0, "offset": 2 * 4, "next_seq": 1, "pending": []}
     # A new iteration (the next epoch) hands out the fetched, untrained batch first.
     second = iter(stream)
     got += [next(second)[0] for _ in range(3)]
