@@ -107,7 +107,15 @@ batches_per_file = 2
 max_backlog_files = 1
 """
     server = start_server(config)
-    # Rank 1 of 2 waits for seq 1; a rank-0 client that never reads keeps the window shut.
+    # Rank 1 of 2 waits for seq 1001; a rank-0 client that holds seq 0 and never reads on
+    # keeps the window shut (a rank never heard from would be taken to be where rank 1 is).
+    server.stub.AcquireLease(
+        pb.AcquireLeaseRequest(
+            dataset="slow", split="train", rank=0, world_size=2, client_id="c0", seq=0,
+            wait_ms=30_000,
+        ),
+        timeout=60,
+    )  # fmt: skip
     request = pb.AcquireLeaseRequest(
         dataset="slow", split="train", rank=1, world_size=2, client_id="c", seq=1001, wait_ms=200
     )

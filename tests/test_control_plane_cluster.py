@@ -1,6 +1,6 @@
 """A cluster on this machine: 8 node-local servers x 2 ranks (16 ranks) on a three-source
 mixture of token_shards corpora, sharing one control plane. Rank 0 alone reweights the
-mixture; one server is SIGKILLed and replaced by a fresh one on an empty root, its ranks
+mixture and skips a range of steps; one server is SIGKILLed and replaced by a fresh one on an empty root, its ranks
 resumed from their checkpoint; then the job resumes at 8 ranks (4 servers x 2) from the 16
 states. Every rank's rows equal those of one server serving the same steps: none lost, none
 twice. Slow (13 servers on 2 cores): `make test` leaves it out, `pytest -m slow` runs it.
@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 NAMES = ("web", "code", "math")
 B, NB, T = 2, 4, 8
 NEW = {"web": 0.2, "code": 0.2, "math": 0.6}
+SKIP = (28, 32)  # steps of every rank, skipped on rank 0's call at step 2 of phase one
 
 
 def config(tmp: Path) -> str:
@@ -52,11 +53,13 @@ def config(tmp: Path) -> str:
     return text
 
 
-def step(clients: dict[int, QueueClient], rows: dict[int, list], call: bool) -> None:
+def step(clients: dict[int, QueueClient], rows: dict[int, list], call: bool, skip=False) -> None:
     for r in sorted(clients):
         rows.setdefault(r, []).extend(read_positioned(clients[r], 1, "x"))
         if call and r == 0:
             clients[r].set_mixture(NEW)
+        if skip and r == 0:
+            clients[r].skip_steps(*SKIP)
 
 
 def run(tmp: Path, servers: Any, phases: tuple[int, int, int], call_at: int) -> dict:
@@ -67,7 +70,7 @@ def run(tmp: Path, servers: Any, phases: tuple[int, int, int], call_at: int) -> 
     addresses = servers(16, "start")
     clients = {r: QueueClient(addresses[r], "mix", rank=r, world_size=16) for r in range(16)}
     for s in range(first):
-        step(clients, rows, s == call_at)
+        step(clients, rows, s == call_at, skip=s == 2)
     states = {r: c.state_dict() for r, c in clients.items()}
     replaced = servers(16, "lose")  # the ranks whose server was replaced, and its address
     for r, address in replaced.items():
@@ -92,7 +95,7 @@ def run(tmp: Path, servers: Any, phases: tuple[int, int, int], call_at: int) -> 
 
 def test_sixteen_ranks_on_eight_servers_read_what_one_server_gives(tmp_path: Path) -> None:
     text = config(tmp_path)
-    phases, call_at = (3 * NB, 3 * NB, 4 * NB), NB + 1
+    phases, call_at = (3 * NB, 5 * NB, 4 * NB), NB + 1
     factory = ServerFactory(tmp_path / "servers")
     try:
         one = factory(text, data_root=tmp_path / "one")
@@ -136,5 +139,10 @@ def test_sixteen_ranks_on_eight_servers_read_what_one_server_gives(tmp_path: Pat
                 where = f"{phase} rank {r} batch {i}"
                 assert (a["seq"], a["offset"]) == (b["seq"], b["offset"]), where
                 assert torch.equal(a["x"], b["x"]) and torch.equal(a["source"], b["source"]), where
+    for r in want["before"]:  # steps 28-31 (file round 7) skipped: each rank jumped to 32
+        # A batch's position is read before its call, so the call that skips is labelled
+        # with round 7; its batch and the next three are round 8's (steps 32-35).
+        seqs = [b["seq"] for b in want["before"][r]]
+        assert seqs.count(r + 16 * 7) == 1 and seqs.count(r + 16 * 8) == 3, seqs
     sources = torch.cat([b["source"] for r in got["after"] for b in got["after"][r]])
     assert int((sources == 2).sum()) > len(sources) // 2  # the new weights hold after the resume

@@ -241,6 +241,7 @@ def test_elastic_resume_from_four_ranks_to_two_is_exactly_once(shared, tmp_path:
             "offset": 2 * BS,
             "next_seq": 13,
             "pending": [[7, 2 * BS], [9, 0], [11, 0]],
+            "step": states[2]["splits"]["train"]["step"],  # its get_batch calls, carried on
         }
 
 
@@ -279,7 +280,7 @@ def test_client_survives_a_server_restart(start_server, tmp_path: Path) -> None:
         server = start_server(tiny_config("d"), data_root=root, listen=f"unix:{sock}")
         seen += [client.get_batch("train")[0].clone() for _ in range(3 * NB)]
         state = client.state_dict()["splits"]["train"]
-    assert state == {"seq": 3, "offset": 3 * BS, "next_seq": 4, "pending": []}
+    assert state == {"seq": 3, "offset": 3 * BS, "next_seq": 4, "pending": [], "step": 3 + 3 * NB}
     # The same stream as a client that never saw a restart.
     with QueueClient(server.address, "d") as fresh:
         for expected in seen:
@@ -344,7 +345,8 @@ def test_get_batch_after_a_timeout_skips_nothing(shared) -> None:
     assert stuck["offset"] == 0 and after == {
         **stuck,
         "offset": BS,
-    }  # the same file, its first batch
+        "step": stuck["step"] + 1,
+    }  # the same file, its first batch (the call that timed out served no step)
 
 
 def test_streaming_provider_reproduces_old_seqs_from_the_journal(

@@ -196,7 +196,6 @@ class QueueClient(SkippingMixin, LeaseMixin, SteeringMixin):
         skips = self._step_skips[split]
         if skips.check_needed() and self._skip_if_due(split, skips):
             stream = self._open_stream(split)
-        skips.step += 1
         if batch_size is None:
             size = self.batch_size
         elif type(batch_size) is int and batch_size >= 1:
@@ -209,11 +208,16 @@ class QueueClient(SkippingMixin, LeaseMixin, SteeringMixin):
         if size != self.file_batch_size:
             stream.check_size(size)
         if out is not None:
-            return self._copy_into(stream, out, size)
-        tensors = stream.next_batch(self._transfer, size)
-        if stream.xy:
-            return tensors[0], tensors[1]
-        return dict(zip(stream.names, tensors, strict=True))
+            served: Batch = self._copy_into(stream, out, size)
+        else:
+            tensors = stream.next_batch(self._transfer, size)
+            served = (
+                (tensors[0], tensors[1])
+                if stream.xy
+                else dict(zip(stream.names, tensors, strict=True))
+            )
+        skips.step += 1  # a step is a batch served: a call that raised counts none
+        return served
 
     def _copy_into(self, stream: SplitStream, out: Batch, size: int) -> Batch:
         targets = list(out) if isinstance(out, tuple) else [out.get(n) for n in stream.names]
