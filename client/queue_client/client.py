@@ -194,7 +194,9 @@ class QueueClient(SkippingMixin, LeaseMixin, SteeringMixin):
         if stream is None:
             stream = self._open_stream(split)
         skips = self._step_skips[split]
-        if skips.check_needed() and self._skip_if_due(split, skips):
+        if (skips.step >= skips.next_at or skips.version != skips.seen) and self._skip_if_due(
+            split, skips
+        ):
             stream = self._open_stream(split)
         if batch_size is None:
             size = self.batch_size
@@ -371,10 +373,8 @@ class QueueClient(SkippingMixin, LeaseMixin, SteeringMixin):
         if self._closed:
             raise errors.InvalidRequest("this QueueClient is closed")
         self._check_split(split)
-        self._list_skips(split)  # one call as a stream opens: a resume inside a skip moves on
-        skips = self._step_skips[split]
-        if skips.check_needed():
-            self._skip_if_due(split, skips)
+        self._list_skips(split)  # one call as a stream opens
+        self._skip_if_due(split, self._step_skips[split])  # a resume inside a skip moves on
         plan: StreamPlan | None = None
         if self.mode == "deterministic":
             plan = self._resume.pop(split, StreamPlan((), self.world.rank))

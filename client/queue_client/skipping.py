@@ -26,22 +26,22 @@ class StepSkips:
         self.step = step
         self.ranges: tuple[tuple[int, int], ...] = ()
         self.next_at: float = math.inf  # the step at which to look again
-        self._version = 0  # bumped by learn (another thread)
-        self._seen = 0
+        self.version = 0  # bumped by learn (another thread)
+        self.seen = 0  # the version due() last looked at
 
     def learn(self, ranges: Iterable[tuple[int, int]]) -> None:
         found = tuple(sorted((int(a), int(b)) for a, b in ranges))
         if found != self.ranges:
             self.ranges = found
-            self._version += 1
+            self.version += 1
 
     def check_needed(self) -> bool:
-        return self.step >= self.next_at or self._version != self._seen
+        return self.step >= self.next_at or self.version != self.seen
 
     def due(self) -> int | None:
         """The step to go on at when the counter stands in a skipped range, else None; and
         the step to look again at, from now on."""
-        self._seen = self._version
+        self.seen = self.version
         target = None
         for a, b in self.ranges:  # ranges may touch or overlap: follow them to the end
             if a <= (target if target is not None else self.step) < b:
