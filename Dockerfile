@@ -1,20 +1,28 @@
 # batchqueue image: `docker compose up provider` builds and runs it.
 # CPU by default. The CUDA variant is the same image with torch from a CUDA wheel index:
-#   docker compose build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
+#   docker compose build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130 \
+#     --build-arg TORCH_SPEC=torch==2.13.0
 # (docker-compose.yml's trainer service builds it so). The wheels bring their CUDA libraries:
 # the host needs only the NVIDIA driver and container toolkit.
-FROM python:3.11-slim
+# With podman, build with `--format docker`: the OCI format has no HEALTHCHECK and drops it.
+# BASE_IMAGE: python:3.11-slim, or another Python 3.11 image whose `pip` installs (a mirror's
+# copy; tests/test_image.py builds on a debootstrapped Debian with a venv on PATH).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     GRPC_VERBOSITY=ERROR
 
-# torch first, pinned, in its own layer: it is the big one and changes least. The CPU wheel
-# index keeps the image free of CUDA libraries that a CPU host never loads.
+# torch first, pinned, in its own layer: it is the big one and changes least. The CPU build
+# (+cpu, on the CPU wheel index) keeps the image free of CUDA libraries that a CPU host never
+# loads: PyPI's torch for Linux x86_64 is the CUDA build. TORCH_INDEX_URL="" drops the index
+# (pip's own settings then, e.g. a mirror that has the +cpu wheel); where none has it, the
+# build fails rather than install CUDA's gigabytes, unless TORCH_SPEC=torch==2.13.0 says so.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-ARG TORCH_SPEC="torch==2.13.0"
-RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
+ARG TORCH_SPEC="torch==2.13.0+cpu"
+RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC}"
 
 WORKDIR /app
 COPY pyproject.toml README.md ./

@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test test-all check lint types proto proto-check bench clean
+.PHONY: setup run test test-all test-image check lint types proto proto-check bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,10 +29,17 @@ TEST_WORKERS ?= $(shell python3 -c "import os; print(min(4, len(os.sched_getaffi
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
 test: setup
-	$(PY) -m pytest -q -m "not slow and not gpu" $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not gpu and not image" $(XDIST) $(PYTEST_ARGS)
 
 test-all: setup
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The image built from the Dockerfile with podman (a debootstrapped Debian standing in for
+# python:3.11-slim) and run as docker-compose.yml's provider service (tests/test_image.py):
+# root, podman, runc and debootstrap, or it skips saying which is missing. The first run
+# builds for some minutes; reruns reuse ~/.cache/batchqueue-image-test. CI runs it after check.
+test-image: setup
+	$(PY) -m pytest -q -m image -n 0 tests/test_image.py $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

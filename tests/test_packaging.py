@@ -103,6 +103,8 @@ def test_trainer_service_reserves_a_gpu_and_shared_memory() -> None:
     assert re.fullmatch(
         r"https://download\.pytorch\.org/whl/cu\d+", trainer["build"]["args"]["TORCH_INDEX_URL"]
     )
+    # Any build of the pinned version: the CUDA index's is the CUDA build.
+    assert trainer["build"]["args"]["TORCH_SPEC"] == "torch==2.13.0"
     # It reads the batch files of the provider's very data root.
     assert _mounts(trainer)["/data"] == (_mounts(services["provider"])["/data"][0], "ro")
 
@@ -114,14 +116,32 @@ def _dockerfile_args(text: str) -> dict[str, str]:
     return args
 
 
+def _torch_step(text: str, **given: str) -> list[str]:
+    """The torch install step as the shell runs it, with the build args at their defaults
+    unless given."""
+    args = {**_dockerfile_args(text), **given}
+    (step,) = [line for line in text.splitlines() if line.startswith("RUN") and "TORCH" in line]
+    echo_pip = 'pip() { printf "%s\\n" pip "$@"; }\n'  # prints the words pip would get
+    proc = subprocess.run(
+        ["sh", "-c", echo_pip + step.removeprefix("RUN ")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **args},
+        check=True,
+    )
+    return proc.stdout.splitlines()
+
+
 def test_dockerfile_installs_cpu_torch_from_the_cpu_index() -> None:
-    """The install step, with its build args at their defaults, is exactly a pinned CPU torch
-    from the CPU wheel index; it comes before the sources, in its own layer."""
+    """The install step, with its build args at their defaults, is exactly the CPU build of
+    the pinned torch (+cpu: PyPI's is the CUDA one) from the CPU wheel index; it comes before
+    the sources, in its own layer. TORCH_INDEX_URL="" drops the index (pip's own settings)."""
     text = (ROOT / "Dockerfile").read_text()
     args = _dockerfile_args(text)
+    cpu = ["pip", "install", "--index-url", CPU_INDEX, "torch==2.13.0+cpu"]
+    assert _torch_step(text) == cpu
+    assert _torch_step(text, TORCH_INDEX_URL="") == ["pip", "install", "torch==2.13.0+cpu"]
     (step,) = [line for line in text.splitlines() if line.startswith("RUN") and "TORCH" in line]
-    resolved = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], step[len("RUN ") :])
-    assert shlex.split(resolved) == ["pip", "install", "--index-url", CPU_INDEX, "torch==2.13.0"]
     assert text.index(step) < text.index("COPY client")
     assert "EXPOSE 50051 50052" in text and "queue-server" in text and "HEALTHCHECK" in text
     assert "USER batchqueue" in text  # the server does not run as root
@@ -227,6 +247,23 @@ def test_healthcheck_command_against_a_real_server(start_server, corpus: Path) -
         timeout=60,
     )
     assert one.returncode == 0
+    # The dataset's bare name answers too, as a probe's `--service NAME` expects.
+    bare = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "queue_server.healthcheck",
+            "--address",
+            server.address,
+            "--service",
+            "chars",
+        ],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=60,
+    )
+    assert bare.returncode == 0 and "chars: SERVING" in bare.stdout, bare.stderr
     server.stop()
     down = subprocess.run(
         [
