@@ -198,7 +198,8 @@ def _local_paths(value: str) -> list[str]:
 
 
 def pip_mounts(settings: dict[str, str]) -> list[str]:
-    """`podman build -v` arguments: the settings as /etc/pip.conf, and the paths they name."""
+    """`podman build -v` arguments: the settings as /etc/pip.conf, and the paths they name.
+    podman leaves their mount points in the image, empty: it is the test's image only."""
     conf = configparser.ConfigParser(interpolation=None)
     conf["global"] = settings
     path = CACHE / "pip.conf"
