@@ -29,15 +29,15 @@ from conftest import ServerFactory, char_config, wait_until
 from queue_server.production.ray_calls import stall_message
 from queue_server.testing import ServerProcess
 
-# Normal-priority processes that keep the instance's core busy: about 1% of it is left for a
-# worker at niceness 15 (weights 36 against 4 x 1024), a fifth for one at niceness 0.
-BUSY_LOOPS = 4
+# Normal-priority processes that keep the instance's core busy: about 0.6% of it is left for
+# a worker at niceness 15 (weight 36 against 6 x 1024), a seventh for one at niceness 0.
+BUSY_LOOPS = 6
 # Files read after the kill: more than the backlog and the trainer's read-ahead hold, so that
 # slot 0's new actor must make some of them.
 AFTER = 10
-# From the kill to those files read: seconds for a worker at normal priority on a fifth of a
-# core, minutes at niceness 15.
-REFILL_S = 60.0
+# From the kill to those files read, at load 5-7 on 2 cores: 6-8 s for a worker at niceness
+# 0; at niceness 15 no file of the new actor's within 40 s (4 busy processes: 58 s, 71 s).
+REFILL_S = 40.0
 
 
 @contextlib.contextmanager
