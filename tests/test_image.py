@@ -55,7 +55,7 @@ def container() -> Iterator[str]:
     yield name
     logs = podman("logs", name, check=False)
     print(f"--- {name} log ---\n{logs.stdout}{logs.stderr}")
-    podman("rm", "--force", "--time", "0", name, check=False)
+    podman("rm", "--force", "--volumes", "--time", "0", name, check=False)
 
 
 def _defaults(value: str) -> str:
