@@ -4,8 +4,8 @@ within seconds, not minutes.
 Ray runs each actor in a worker process of its own, and a dead actor's replacement needs a new
 one. Ray starts worker processes at niceness 15 unless told otherwise: where processes of
 normal priority (trainers, say) keep every core busy, such a process gets about 1% of a core,
-and a new actor took 70 s and more to start while the dataset said it was "waiting for a Ray
-node with 0 CPU free". The server's own Ray instance ("local") starts its workers at normal
+and a new actor took a minute and more to start while the dataset said it was "waiting for a
+Ray node with 0 CPU free". The server's own Ray instance ("local") starts its workers at normal
 priority, as the local backend's worker processes run, so a replacement gets its share of the
 busy cores. Here the whole instance shares one core with BUSY_LOOPS processes that never
 sleep: the replacement must serve within REFILL_S.
