@@ -29,9 +29,12 @@ def node_args(ranks: str, store: ControlStore | str) -> tuple[str, ...]:
     return ("--ranks", ranks, "--world-size", str(W), "--control-plane", url)
 
 
-def lockstep(clients: list[QueueClient], steps: range, call_at: int | None) -> tuple[list, int]:
+def lockstep(
+    clients: list[QueueClient], steps: range, call_at: int | None, then: Any = None
+) -> tuple[list, int]:
     """Every rank reads one batch per step, in rank order; rank 0 alone calls set_mixture
-    after its batch of step call_at. Returns each rank's batches and the call's seq."""
+    after its batch of step call_at (and `then(step)` after every step, when given). Returns
+    each rank's batches and the call's seq."""
     rows: list[list[dict[str, Any]]] = [[] for _ in clients]
     at = -1
     for step in steps:
@@ -39,6 +42,8 @@ def lockstep(clients: list[QueueClient], steps: range, call_at: int | None) -> t
             rows[r] += read(c, 1)
             if step == call_at and r == 0:
                 at = c.set_mixture(NEW)
+        if then is not None:
+            then(step)
     return rows, at
 
 
@@ -167,3 +172,63 @@ def test_a_server_that_cannot_reach_the_plane_makes_nothing_and_says_why(
         assert reply is not None
     finally:
         store.kill()
+
+
+def test_a_store_started_afresh_gets_every_change_back_from_the_servers(
+    start_server, tmp_path: Path
+) -> None:
+    """The store is SIGKILLed after rank 0's change and started again, empty, at the same
+    address: each server publishes the changes its journal holds again, claims again, and
+    carries on; a second change from rank 0 then reaches both, and every rank's rows are the
+    one-server run's with both changes."""
+    dirs = write_sources(tmp_path)
+    steps, call_at, restart_at, second_at = 10 * NB, 2 * NB + 1, 4 * NB, 5 * NB + 2
+    SECOND = {"web": 1.0, "code": 0.0, "math": 0.0}
+
+    def second_call(clients: list[QueueClient]) -> Any:
+        return lambda step: clients[0].set_mixture(SECOND) if step == second_at else None
+
+    factory = ServerFactory(tmp_path / "one")
+    try:
+        one = factory(mixture("mix", dirs), data_root=tmp_path / "one" / "root")
+        ref = [QueueClient(one.address, "mix", rank=r, world_size=W) for r in range(W)]
+        want, _ = lockstep(ref, range(steps), call_at, second_call(ref))
+        for c in ref:
+            c.close()
+    finally:
+        factory.close()
+    store = ControlStore(tmp_path / "store", subprocess_env())
+    stores = [store]
+    try:
+        config = mixture("mix", dirs)
+        a = start_server(config, data_root=tmp_path / "a", args=node_args("0,1", store))
+        b = start_server(config, data_root=tmp_path / "b", args=node_args("2,3", store))
+        addresses = [a.address, a.address, b.address, b.address]
+        clients = [QueueClient(addresses[r], "mix", rank=r, world_size=W) for r in range(W)]
+
+        def restart(step: int) -> None:
+            if step == restart_at:
+                stores[0].kill()
+                stores[0] = ControlStore(tmp_path / "store2", subprocess_env(), store.address)
+                for server in (a, b):
+                    try:
+                        wait_until(
+                            lambda s=server: "started afresh" in s.log()
+                            and s.health("mix") == 1,
+                            90,
+                            "the server to publish its changes to the new store",
+                        )
+                    except TimeoutError as exc:
+                        said = [x for x in server.log().splitlines() if "queue_server" in x]
+                        raise AssertionError(f"{exc}: {said[-12:]}") from None
+            second_call(clients)(step)
+
+        got, _ = lockstep(clients, range(steps), call_at, restart)
+        for c in clients:
+            c.close()
+        same_rows(got, want)
+        for server in (a, b):
+            history = server.split_stats("mix")["mixture"]["history"]
+            assert len(history) == 3, history  # the config's, and both calls
+    finally:
+        stores[0].kill()

@@ -479,6 +479,11 @@ LAYOUT_MODULE = Path("client/queue_client/layout.py")
 # under the data root belongs in layout.py, not here.
 ALLOWED: dict[tuple[str, str], str] = {
     (
+        "client/queue_client/integrations/hf_trainer.py",
+        'Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"',
+    ): "the Hugging Face Trainer's own checkpoint folder, named as the Trainer names it; "
+    "outside the data root",
+    (
         "server/queue_server/production/ray_probe.py",
         'Path.home() / ".ray"',
     ): "Ray's own token file in the user's home, read as Ray reads it; outside the data root",

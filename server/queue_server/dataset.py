@@ -38,7 +38,7 @@ from queue_server.production.backend import ProduceFailed, ProductionBackend, Sl
 from queue_server.production.worker_process import WorkerDied, WorkerError
 from queue_server.split.leases import LeaseDirectory
 from queue_server.split.queue import SplitQueue
-from queue_server.steering.plane import attach_plane
+from queue_server.steering.attach import attach_plane
 
 log = logging.getLogger("queue_server.dataset")
 

@@ -71,6 +71,7 @@ class ControlLog:
         self.prefix = prefix
         self.length = 0  # records read so far
         self.horizon = 0  # the highest horizon claimed in them
+        self.last: bytes | None = None  # the last record read, to know the store again
         self.appended = 0  # records this server appended (for the bench's counts)
         self.bytes_written = 0
 
@@ -84,6 +85,7 @@ class ControlLog:
             raw = self.store.get(self.key(self.length))
             if raw is None:
                 return out
+            self.last = raw
             out.append(self._fold(json.loads(raw)))
 
     def append(self, record: dict[str, Any]) -> tuple[list[Entry], Entry]:
@@ -95,10 +97,21 @@ class ControlLog:
             read += self.read_new()
             held = self.store.put_if_absent(self.key(self.length), body)
             if held == body:
+                self.last = body
                 self.appended += 1
                 self.bytes_written += len(body)
                 return read, self._fold(json.loads(body))
             # Another server appended at this index first: read it, try the next one.
+
+    def same_store(self) -> bool:
+        """Whether the store still holds the last record read (False: it was started afresh,
+        and other servers may have written a new log into it already)."""
+        return not self.length or self.store.get(self.key(self.length - 1)) == self.last
+
+    def restart(self) -> None:
+        """Read the log from its first record again."""
+        self.length = self.horizon = 0
+        self.last = None
 
     def _fold(self, record: dict[str, Any]) -> Entry:
         kind = str(record.get("kind"))

@@ -19,7 +19,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from queue_client import errors
 from queue_server.background import BackgroundTasks
@@ -30,20 +30,14 @@ from queue_server.signal import Signal
 from queue_server.steering import skips
 from queue_server.steering.log import ALPHA, CHANGES, CLAIM, MIXTURE, SKIP, ControlLog, Entry
 from queue_server.steering.port import SteeredSplit
-from queue_server.steering.store import ControlStore, TorchStore, parse_address
-
-if TYPE_CHECKING:
-    from queue_server.config.server import ServerConfig
-    from queue_server.split.queue import SplitQueue
+from queue_server.steering.store import ControlStore
 
 log = logging.getLogger("queue_server.steering")
 
 # Seconds between tries to reach a store that does not answer (doubling up to the last).
 _RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 # A waiting watcher wakes this often to notice a store gone; a new record wakes it at once.
-_WATCH_S = 10.0
-# One store call's limit: a store that does not answer within it is reported unreachable.
-_CONNECT_S = 10.0
+_WATCH_S = 60.0
 
 
 class SplitPlane:
@@ -88,6 +82,8 @@ class SplitPlane:
         self._local_seen = 0
         self.changes_read = 0
         self._refusals: dict[int, str] = {}  # a record left out: why, for its proposer
+        self._reclaim = 0  # a claim to make again once a store started afresh has the changes
+        self._stale = False  # the watcher lost the store: the main loop connects again
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -162,63 +158,96 @@ class SplitPlane:
 
     # ---- the plane's loop -----------------------------------------------------------------
     async def _run(self) -> None:
-        attempt = 0
+        attempt, connected = 0, False
         while True:
             try:
-                if self.log is None:
-                    store = await self._call(self._connect)
-                    self.log = ControlLog(store, self._prefix)
-                    watcher = await self._call(self._connect, self._watch_io)
-                    self.tasks.spawn(self._watch(watcher))
+                if not connected:
+                    await self._connect_log()
+                    connected = True
                 await self._sync()
                 await self._republish()
+                if self._reclaim:  # what this server may have made before the store restarted
+                    await self._claim(self._reclaim)
+                    self._reclaim = 0
                 self.error = None
                 self._report()
                 attempt = 0
                 await self._claim_when_wanted()
             except asyncio.CancelledError:
                 raise
+            except _Reconnect:
+                connected = False  # the watcher lost the store: connect again, and check it
             except Exception as exc:
                 self._lost(exc)
+                connected = False  # a store that went away is connected to afresh
                 await asyncio.sleep(_RETRY_S[min(attempt, len(_RETRY_S) - 1)])
                 attempt += 1
+
+    async def _connect_log(self) -> None:
+        """Connect (again). A store that lost the records read already was started afresh:
+        its log is read from 0 again, this server's changes are published again, and its
+        claim is made again before it makes anything more."""
+        store = await self._call(self._connect)
+        if self.log is None:
+            self.log = ControlLog(store, self._prefix)
+            self.tasks.spawn(self._watch())
+            return
+        self.log.store = store
+        if not await self._call(self.log.same_store):
+            log.warning(
+                "%s: the control plane at %s holds none of the %d records read before: it was "
+                "started afresh; publishing this server's changes to it again",
+                self.split.where, self.address, self.log.length,
+            )  # fmt: skip
+            self.log.restart()
+            self._local_seen = 0
+            self._reclaim, self.allowed_below = self.allowed_below, 0
 
     async def _claim_when_wanted(self) -> None:
         """Claim the round of each seq production asks for, once it asks."""
         while True:
+            if self._stale:
+                self._stale = False
+                raise _Reconnect
             if self.diverged is None and self._wanted >= self.allowed_below:
                 w = max(1, self._round_size())
-                horizon = w * (self._wanted // w + 1)
-                assert self.log is not None
-                async with self._lock:
-                    read, own = await self._call(
-                        self.log.append, {"kind": CLAIM, "horizon": horizon, "by": self.server_id}
-                    )
-                    for entry in read:
-                        await self._apply(entry)
-                    self.allowed_below = max(self.allowed_below, own.at)
+                await self._claim(w * (self._wanted // w + 1))
                 self._kick()
                 continue
             await self._wake.wait(None)
 
-    async def _watch(self, store: ControlStore) -> None:
-        """Read each record as soon as it is appended (stats see a change at once)."""
+    async def _claim(self, horizon: int) -> None:
+        """Append a claim below which this server may make seqs, having read every record."""
+        assert self.log is not None
+        async with self._lock:
+            read, own = await self._call(
+                self.log.append, {"kind": CLAIM, "horizon": horizon, "by": self.server_id}
+            )
+            for entry in read:
+                await self._apply(entry)
+            self.allowed_below = max(self.allowed_below, own.at)
+
+    async def _watch(self) -> None:
+        """Read each record as soon as it is appended (stats see a change at once), on a
+        connection of its own (connected again after a failure)."""
+        store: ControlStore | None = None
         while True:
             assert self.log is not None
-            key = self.log.key(self.log.length)
             try:
+                if store is None:
+                    store = await self._call(self._connect, executor=self._watch_io)
+                key = self.log.key(self.log.length)
                 appended = await self._call(store.wait, key, _WATCH_S, executor=self._watch_io)
+                if appended:
+                    await self._sync()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._lost(exc)
+                store = None
+                self._stale = True  # the main loop connects again too (the store may be new)
+                self._wake.notify()
                 await asyncio.sleep(_RETRY_S[-1])
-                continue
-            if appended:
-                try:
-                    await self._sync()
-                except Exception as exc:
-                    self._lost(exc)
 
     async def _sync(self) -> None:
         assert self.log is not None
@@ -338,28 +367,5 @@ class SplitPlane:
         )
 
 
-def attach_plane(
-    queue: SplitQueue,
-    server: ServerConfig,
-    fingerprint: str,
-    split: str,
-    on_unavailable: Callable[[str, str | None, str], None],
-) -> None:
-    """Give one split of a dataset its plane: its log's keys name the job's namespace, the
-    dataset, its config's fingerprint (servers of another config share no log with it) and
-    the split."""
-    spec = server.control_plane
-    host, port = parse_address(spec, "server.control_plane")
-    prefix = f"batchqueue/{server.control_namespace}/{queue.config.name}/{fingerprint}/{split}/"
-    queue.attach_plane(
-        SplitPlane(
-            queue,
-            lambda: TorchStore(host, port, timeout_s=_CONNECT_S),
-            prefix,
-            spec,
-            round_size=lambda: queue.schedule.world_size,
-            files_per_window=lambda: queue.schedule.files_per_window,
-            on_unavailable=lambda why: on_unavailable(split, why, "control"),
-            kick=queue.production.kick,
-        )
-    )
+class _Reconnect(Exception):
+    """The watcher lost its connection: the main loop connects again and checks the store."""

@@ -10,6 +10,7 @@ master orders the writes. Every call blocks, so the plane makes them in its own 
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any, Protocol
 
 from queue_client.errors import ConfigError
@@ -52,6 +53,7 @@ class TorchStore:
     control plane never loads it)."""
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        _quiet_torch_logs()
         from torch.distributed import TCPStore
 
         self.address = f"{host}:{port}"
@@ -87,6 +89,14 @@ class TorchStore:
 def host_store(host: str, port: int) -> Any:
     """A TCPStore master on host:port (`queue-server control-store`), for jobs whose launcher
     runs none the servers can reach; it serves until its process ends."""
+    _quiet_torch_logs()
     from torch.distributed import TCPStore
 
     return TCPStore(host, port, is_master=True, wait_for_workers=False)
+
+
+def _quiet_torch_logs() -> None:
+    """c10d logs a warning each time a wait for a key times out, which the watcher's waits
+    do by design: keep torch's C++ log to errors in this process (read as torch loads; the
+    server imports torch for the store alone). An explicit TORCH_CPP_LOG_LEVEL wins."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
