@@ -307,6 +307,52 @@ class SkipStepsResponse(_message.Message):
     skips: _containers.RepeatedCompositeFieldContainer[StepRange]
     def __init__(self, skips: _Optional[_Iterable[_Union[StepRange, _Mapping]]] = ...) -> None: ...
 
+class ExplainStepRequest(_message.Message):
+    __slots__ = ("dataset", "split", "rank", "world_size", "step", "seq", "offset", "batch_size")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    split: str
+    rank: int
+    world_size: int
+    step: int
+    seq: int
+    offset: int
+    batch_size: int
+    def __init__(self, dataset: _Optional[str] = ..., split: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., seq: _Optional[int] = ..., offset: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class RowProvenance(_message.Message):
+    __slots__ = ("seq", "row", "source", "file", "token_offset", "document")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    row: int
+    source: str
+    file: str
+    token_offset: int
+    document: int
+    def __init__(self, seq: _Optional[int] = ..., row: _Optional[int] = ..., source: _Optional[str] = ..., file: _Optional[str] = ..., token_offset: _Optional[int] = ..., document: _Optional[int] = ...) -> None: ...
+
+class ExplainStepResponse(_message.Message):
+    __slots__ = ("rows", "world_size", "batch_size")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[RowProvenance]
+    world_size: int
+    batch_size: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[RowProvenance, _Mapping]]] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
 class SetMixtureResponse(_message.Message):
     __slots__ = ("effective_seq",)
     EFFECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]

@@ -94,6 +94,11 @@ class BatchQueueStub:
                 request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsRequest.SerializeToString,
                 response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsResponse.FromString,
                 _registered_method=True)
+        self.ExplainStep = channel.unary_unary(
+                '/batchqueue.v1.BatchQueue/ExplainStep',
+                request_serializer=queue__client_dot_wire_dot_batchqueue__pb2.ExplainStepRequest.SerializeToString,
+                response_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.ExplainStepResponse.FromString,
+                _registered_method=True)
 
 
 class BatchQueueServicer:
@@ -211,6 +216,20 @@ class BatchQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainStep(self, request, context):
+        """Says where each row of one step of a rank came from (see docs/ordering.md, "Explaining a
+        step"): its mixture source, input file, token offset and document, by the arithmetic
+        that makes the batch file, never reading the corpus. A step is placed on the plain
+        stride (rank + world_size * k, from step 0; skipped steps count); after an elastic
+        resume, name the file and row instead (seq and offset). INVALID_ARGUMENT naming why for
+        a provider that cannot say it (text_lm's rows depend on its stream), a curriculum split,
+        or a step past the last seq; NOT_FOUND for an unknown dataset or split. Changes nothing:
+        safe to retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BatchQueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -273,6 +292,11 @@ def add_BatchQueueServicer_to_server(servicer, server):
                     servicer.SkipSteps,
                     request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsRequest.FromString,
                     response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsResponse.SerializeToString,
+            ),
+            'ExplainStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainStep,
+                    request_deserializer=queue__client_dot_wire_dot_batchqueue__pb2.ExplainStepRequest.FromString,
+                    response_serializer=queue__client_dot_wire_dot_batchqueue__pb2.ExplainStepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -599,6 +623,33 @@ class BatchQueue:
             '/batchqueue.v1.BatchQueue/SkipSteps',
             queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsRequest.SerializeToString,
             queue__client_dot_wire_dot_batchqueue__pb2.SkipStepsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchqueue.v1.BatchQueue/ExplainStep',
+            queue__client_dot_wire_dot_batchqueue__pb2.ExplainStepRequest.SerializeToString,
+            queue__client_dot_wire_dot_batchqueue__pb2.ExplainStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
