@@ -130,12 +130,9 @@ class LoadedFile:
         ]
 
     def stored_batch(self, r0: int, r1: int) -> StoredBatch:
-        """Rows r0..r1 as a stored batch, for copies and devices (transfer.py)."""
-        return StoredBatch(
-            self.codec,
-            [None if f is None else f[r0:r1] for f in self.row_fields],
-            self.stored_rows(r0, r1),
-        )
+        """Rows r0..r1 as a stored batch, for copies and devices (transfer.py); its field
+        views are sliced only if used (a device transfer reads the stored tensors alone)."""
+        return StoredBatch(self.codec, None, self.stored_rows(r0, r1), (self.row_fields, r0, r1))
 
     def serve_rows_into(self, r0: int, r1: int, outs: Sequence[torch.Tensor]) -> None:
         """Rows r0..r1's served fields written into `outs` (one widening copy_ per field)."""

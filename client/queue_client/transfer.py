@@ -14,10 +14,15 @@ unsafe, because autograd keeps the previous batch's input ids alive (embedding b
 them) with no Python reference that would tell us so. `out=` buffers (deliver_into) get one
 widening `copy_` per field, straight from the narrow views.
 
-CUDA: one memcpy of the stored tensors into a pinned staging buffer, one `non_blocking`
-host-to-device copy of those narrow bytes, and the widening (and any derived field) on the
-device. Two staging slots alternate; an event recorded after each copy guards a slot's
-reuse, so the CPU never overwrites memory the GPU is still reading.
+CUDA: what a call costs beside the copy is what limits a batch of a few hundred KiB, so a
+call does as little as it can: one memcpy per stored tensor into a slot of a ring of pinned
+buffers made once (staging_ring.py), all of a batch's stored bytes in one flat buffer so one
+`non_blocking` host-to-device copy moves them into the slot's device buffer, then the
+widening fused on the device: x and y of a window in one kernel, into new memory
+(staging_layout.py). The slot's CUDA event is recorded on the current stream, and nothing in
+the call waits for the GPU: the returned tensors are valid on the current stream, as any
+tensor torch returns from a non_blocking copy. Only a GPU more batches behind than the ring
+has slots makes a call wait for one.
 """
 
 from __future__ import annotations
@@ -26,121 +31,140 @@ from collections.abc import Sequence
 
 import torch
 
+from queue_client.staging_layout import Layout, SlotViews, widen
+from queue_client.staging_ring import MAX_CACHED_LAYOUTS, StagingRing, cuda_ring
 from queue_client.storage import BatchCodec
 
 
 class StoredBatch:
     """One batch as a file stores it: per served field the narrow view of its values (None
-    for a derived field), the stored tensors' batch slices, and the codec that serves them."""
+    for a derived field), the stored tensors' batch slices, and the codec that serves them.
+    `fields` may be left to be sliced on first use from a file's per-row field views (rows
+    r0..r1): a device transfer reads only the stored tensors."""
 
-    __slots__ = ("codec", "fields", "stored")
+    __slots__ = ("_fields", "_rows", "codec", "stored")
 
     def __init__(
         self,
         codec: BatchCodec,
-        fields: list[torch.Tensor | None],
+        fields: list[torch.Tensor | None] | None,
         stored: list[torch.Tensor],
+        rows: tuple[Sequence[torch.Tensor | None], int, int] | None = None,
     ) -> None:
         self.codec = codec
-        self.fields = fields
+        self._fields = fields
+        self._rows = rows
         self.stored = stored
+
+    @property
+    def fields(self) -> list[torch.Tensor | None]:
+        fields = self._fields
+        if fields is None:
+            assert self._rows is not None, "a StoredBatch needs its fields or their rows"
+            row_fields, r0, r1 = self._rows
+            fields = self._fields = [None if f is None else f[r0:r1] for f in row_fields]
+        return fields
 
 
 class Transfer:
     """Turns one stored batch into the tensors handed to the trainer (deliver), or writes it
     into the trainer's own (deliver_into). Called with plain views, it hands them on as they
-    are (to the device, or copied): the legacy reader's batches."""
+    are (to the device, or copied): the legacy reader's batches.
 
-    def __init__(self, device: str | torch.device, copy: bool = False) -> None:
+    `ring`: stage batches through it (a CUDA device makes its own of pinned memory). Given
+    with a CPU device, the whole device path runs on the CPU: how the tests check its
+    layouts and its fused widening where no GPU is present."""
+
+    def __init__(
+        self, device: str | torch.device, copy: bool = False, *, ring: StagingRing | None = None
+    ) -> None:
         self.device = torch.device(device)
         self.copy = copy
-        self._is_cuda = self.device.type == "cuda"
-        if self._is_cuda and not torch.cuda.is_available():
-            raise RuntimeError(f"device {self.device} requested but CUDA is not available")
-        self._staging: list[list[torch.Tensor]] = [[], []]
-        self._events: list[torch.cuda.Event | None] = [None, None]
-        self._slot = 0
+        if ring is None and self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"device {self.device} requested but CUDA is not available")
+            ring = cuda_ring(self.device)
+        self.ring = ring
+        self._layouts: dict[tuple[object, ...], Layout] = {}
 
     @property
     def serves_views(self) -> bool:
         """Batches go to the trainer as zero-copy CPU views (the stream hands them out)."""
-        return not self._is_cuda and not self.copy
+        return self.ring is None and not self.copy
 
     def deliver(self, batch: StoredBatch) -> list[torch.Tensor]:
         """The served fields of a stored batch: on the device, or widened into fresh memory."""
-        codec = batch.codec
-        if self._is_cuda:
-            dev = [buf.to(self.device, non_blocking=True) for buf in self._stage(batch.stored)]
-            self._record()
-            if codec.identity:
-                return dev
-            return codec.serve(codec.field_views(dev), dev)
-        return codec.serve(batch.fields, batch.stored, copy=self.copy)
+        if self.ring is None:
+            return batch.codec.serve(batch.fields, batch.stored, copy=self.copy)
+        return self._staged(batch.codec, batch.stored, None)
 
     def deliver_into(self, batch: StoredBatch, outs: Sequence[torch.Tensor]) -> None:
         """Write a stored batch's served fields into the caller's tensors: on CPU one widening
-        copy_ per field; on CUDA the narrow bytes cross the link and are widened there."""
-        codec = batch.codec
-        if not self._is_cuda:
-            codec.serve_into(batch.fields, batch.stored, outs)
+        copy_ per field; on a device the narrow bytes cross the link and are widened there."""
+        if self.ring is None:
+            batch.codec.serve_into(batch.fields, batch.stored, outs)
             return
-        staged = self._stage(batch.stored)
-        if codec.identity:
-            for out, buf in zip(outs, staged, strict=True):
-                out.copy_(buf, non_blocking=True)
-            self._record()
-            return
-        dev = [buf.to(self.device, non_blocking=True) for buf in staged]
-        self._record()
-        codec.serve_into(codec.field_views(dev), dev, outs)
+        self._staged(batch.codec, batch.stored, outs)
 
     @property
-    def staging(self) -> tuple[tuple[torch.Tensor, ...], ...]:
-        """The flat pinned buffers of each staging slot, one per stored field (CUDA only; a
-        slot is empty before its first batch). A view for tests and diagnostics: writing
-        into them would race the GPU's reads."""
-        return tuple(tuple(slot) for slot in self._staging)
+    def staging(self) -> tuple[torch.Tensor, ...]:
+        """The flat host buffer of each staging slot (pinned for CUDA; empty without a ring).
+        A view for tests and diagnostics: writing into them would race the GPU's reads."""
+        return () if self.ring is None else tuple(s.host for s in self.ring.slots)
 
     def __call__(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Views of tensors stored as served, on their way to the trainer."""
-        if self._is_cuda:
-            return self._to_cuda(views)
+        if self.ring is not None:
+            return self._staged(None, views, None)
         if self.copy:
             return [torch.empty(v.shape, dtype=v.dtype).copy_(v) for v in views]
         return list(views)
 
-    def _stage(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Copy `views` into this slot's pinned buffers. A slot keeps one flat buffer per
-        field and reuses it for any batch it can hold, so batch sizes that change (a ramp,
-        the two pieces of a batch that crosses files) allocate no pinned memory again."""
-        slot = self._slot
-        flat = self._staging[slot]
-        event = self._events[slot]
-        if event is not None:
-            event.synchronize()  # the GPU has finished reading this slot's last batch
-        if len(flat) != len(views):
-            flat = [torch.empty(0, dtype=v.dtype) for v in views]
-        if any(
-            f.dtype != v.dtype or f.numel() < v.numel() for f, v in zip(flat, views, strict=True)
-        ):
-            flat = [
-                f if f.dtype == v.dtype and f.numel() >= v.numel()
-                else torch.empty(max(v.numel(), f.numel()), dtype=v.dtype, pin_memory=True)
-                for f, v in zip(flat, views, strict=True)
-            ]  # fmt: skip
-            self._staging[slot] = flat
-        staged = [f[: v.numel()].view(v.shape) for f, v in zip(flat, views, strict=True)]
-        for buf, v in zip(staged, views, strict=True):
-            buf.copy_(v)
-        return staged
+    def _staged(
+        self,
+        codec: BatchCodec | None,
+        stored: Sequence[torch.Tensor],
+        outs: Sequence[torch.Tensor] | None,
+    ) -> list[torch.Tensor]:
+        """Stage, copy and serve one batch through the ring; `outs` written if given."""
+        if codec is None:
+            key: tuple[object, ...] = (None, *[(t.shape, t.dtype) for t in stored])
+        else:
+            key = (codec, *[t.shape for t in stored])
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layout(key, codec, stored)
+        ring = self.ring
+        assert ring is not None
+        slot = ring.acquire(layout.nbytes)
+        views: SlotViews | None = slot.views.get(key)
+        if views is None:
+            if len(slot.views) >= MAX_CACHED_LAYOUTS:
+                slot.views.clear()
+            views = slot.views[key] = layout.views(slot)
+        views.fill(stored)
+        views.device.copy_(views.host_span, non_blocking=True)
+        groups = views.groups
+        served: list[torch.Tensor] = []
+        if outs is None:
+            if groups is not None:
+                served = widen(groups)
+            else:
+                assert codec is not None  # plain batches always fuse
+                served = codec.serve(views.fields, views.parts, copy=True)
+        elif groups is not None:
+            for out, field in zip(outs, views.fields, strict=True):
+                out.copy_(field, non_blocking=True)  # type: ignore[arg-type]  # all direct
+        else:
+            assert codec is not None
+            codec.serve_into(views.fields, views.parts, outs)
+        slot.fence.record()
+        return served
 
-    def _record(self) -> None:
-        event = torch.cuda.Event()
-        event.record()
-        self._events[self._slot] = event
-        self._slot = 1 - self._slot
-
-    def _to_cuda(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        out = [buf.to(self.device, non_blocking=True) for buf in self._stage(views)]
-        self._record()
-        return out
+    def _layout(
+        self, key: tuple[object, ...], codec: BatchCodec | None, stored: Sequence[torch.Tensor]
+    ) -> Layout:
+        if len(self._layouts) >= MAX_CACHED_LAYOUTS:
+            self._layouts.clear()
+        layout = self._layouts[key] = Layout(codec, stored)
+        return layout
