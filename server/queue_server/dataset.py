@@ -90,12 +90,12 @@ class DatasetRuntime:
     def name(self) -> str:
         return self.config.name
 
-    def _workers(self, split: str) -> int:
+    def workers(self, split: str) -> int:
         """The split's worker processes: the training split's `workers`, others' 1 unless
         split_workers names them (DatasetConfig.workers_for)."""
         return self.config.workers_for(split, list(self.meta.get("split_info", ())))
 
-    def _split_queue(
+    def split_queue(
         self, split: str, backend: ProductionBackend, candidates: bool = False
     ) -> SplitQueue:
         config = self.config
@@ -113,7 +113,7 @@ class DatasetRuntime:
             _PINNED_TTL_S if candidates else self.server.lease_ttl_s,
             backend,
             self.fail,
-            on_unavailable=lambda source, reason: self._unavailable_changed(
+            on_unavailable=lambda source, reason: self.unavailable_changed(
                 f"{split} candidates" if candidates else split, reason, source
             ),
             directory=None if candidates else self._leases,
@@ -244,11 +244,11 @@ class DatasetRuntime:
                 )
         for split in meta["split_info"]:
             check_split_name(split)
-            self.splits[split] = self._split_queue(split, dataset_workers.backend(self, split))
+            self.splits[split] = self.split_queue(split, dataset_workers.backend(self, split))
         await asyncio.gather(*(q.open(start_production=False) for q in self.splits.values()))
         if self.server.control_plane:  # the job's control plane (steering/plane.py)
             for split, queue in self.splits.items():
-                attach_plane(queue, self.server, self.config.fingerprint(), split, self._unavailable_changed)  # fmt: skip
+                attach_plane(queue, self.server, self.config.fingerprint(), split, self.unavailable_changed)  # fmt: skip
 
     def _kept_at_built_batch_size(self, meta: dict[str, Any]) -> DatasetConfig | None:
         """The config the dataset dir was built under, when it differs from this one in
@@ -327,7 +327,7 @@ class DatasetRuntime:
         if self.state == FAILED:
             raise errors.ProviderFailed(f"dataset {self.config.name!r} failed: {self.last_error}")
 
-    def _unavailable_changed(
+    def unavailable_changed(
         self, split: str, reason: str | None, source: str = "production"
     ) -> None:
         """A split's production engine (a Ray cluster) or its journal (a disk error, a lost

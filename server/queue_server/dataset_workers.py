@@ -1,10 +1,15 @@
-"""How a dataset's splits get their producers (worker processes, Ray actors, curriculum composers): split from dataset.py."""
+"""How a dataset's splits get their producers (worker processes, Ray actors, curriculum composers).
+
+It works through ProducedDataset, the few parts of a dataset it reads, which DatasetRuntime
+(dataset.py) implements: this module never imports dataset.py (no arrow back up)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from queue_client.layout import DatasetLayout
+from queue_server.config.server import DatasetConfig, ServerConfig
 from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
 from queue_server.production.backend import ProductionBackend
@@ -12,11 +17,33 @@ from queue_server.production.process_pool import ProcessPoolBackend
 from queue_server.production.worker_process import WorkerProcess
 from queue_server.split.queue import SplitQueue
 
-if TYPE_CHECKING:
-    from queue_server.dataset import DatasetRuntime
+
+class ProducedDataset(Protocol):
+    """What the producers of a dataset's splits are made from."""
+
+    config: DatasetConfig
+    server: ServerConfig
+    layout: DatasetLayout
+    meta: dict[str, Any]
+    meta_json: str
+    input_records: dict[str, Any] | None  # inputs.json's records, once they match meta
+
+    def workers(self, split: str) -> int:
+        """The split's worker processes (slots)."""
+        ...
+
+    def unavailable_changed(self, split: str, reason: str | None) -> None:
+        """The split's engine went away (reason) or came back (None)."""
+        ...
+
+    def split_queue(
+        self, split: str, backend: ProductionBackend, candidates: bool = False
+    ) -> SplitQueue:
+        """A queue for the split's files made by `backend` (a curriculum's candidates)."""
+        ...
 
 
-def worker(rt: DatasetRuntime, split: str, index: int, histogram_field: str = "") -> WorkerProcess:
+def worker(rt: ProducedDataset, split: str, index: int, histogram_field: str = "") -> WorkerProcess:
     init = {
         "data_root": str(rt.server.data_root),
         "dataset": rt.config.name,
@@ -26,7 +53,7 @@ def worker(rt: DatasetRuntime, split: str, index: int, histogram_field: str = ""
         "batches_per_file": rt.config.batches_per_file,
         "seed": rt.config.seed,
         "worker_index": index,
-        "num_workers": rt._workers(split),
+        "num_workers": rt.workers(split),
         "verbose": rt.server.verbose,
         "extra_meta": {
             "provider": rt.config.provider,
@@ -41,7 +68,7 @@ def worker(rt: DatasetRuntime, split: str, index: int, histogram_field: str = ""
     return WorkerProcess(f"{rt.config.name}/{split} worker {index}", init, rt.server.config_dir)
 
 
-def backend(rt: DatasetRuntime, split: str) -> ProductionBackend:
+def backend(rt: ProducedDataset, split: str) -> ProductionBackend:
     """What makes the split's files: provider workers, Ray actors, or a curriculum composer."""
     if rt.config.selection == "curriculum" and split in rt.config.curriculum.splits:
         return curriculum(rt, split)
@@ -49,7 +76,7 @@ def backend(rt: DatasetRuntime, split: str) -> ProductionBackend:
         return ray_backend(rt, split, rt.layout.queue_dir(split))
     return ProcessPoolBackend(
         split,
-        rt._workers(split),
+        rt.workers(split),
         lambda index: worker(rt, split, index),
         rt.meta_json,
         rt.layout.queue_dir(split),
@@ -57,7 +84,7 @@ def backend(rt: DatasetRuntime, split: str) -> ProductionBackend:
 
 
 def ray_backend(
-    rt: DatasetRuntime, split: str, directory: Path, histogram_field: str = ""
+    rt: ProducedDataset, split: str, directory: Path, histogram_field: str = ""
 ) -> ProductionBackend:
     """The split's providers as Ray actors, publishing into `directory`."""
     from queue_server.production.ray_backend import RayBackend
@@ -68,13 +95,13 @@ def ray_backend(
         init=worker(rt, split, 0, histogram_field).init_request,
         meta_json=rt.meta_json,
         cwd=rt.server.config_dir,
-        slots=rt._workers(split),
+        slots=rt.workers(split),
         ray_address=rt.config.ray_address,
         placement=rt.config.ray_placement,
     )
 
 
-def curriculum(rt: DatasetRuntime, split: str) -> CurriculumBackend:
+def curriculum(rt: ProducedDataset, split: str) -> CurriculumBackend:
     """The producer of a curriculum split: its candidate queue and its composers (worker
     processes, or Ray actors with backend = "ray", as its candidate providers)."""
     settings, field_name = curriculum_settings(rt.config, rt.meta, split)
@@ -82,20 +109,20 @@ def curriculum(rt: DatasetRuntime, split: str) -> CurriculumBackend:
 
     def candidates() -> SplitQueue:
         # A fresh candidate queue: what the last one said of its engine is moot now.
-        rt._unavailable_changed(f"{split} candidates", None)
+        rt.unavailable_changed(f"{split} candidates", None)
         workers: ProductionBackend
         if on_ray:
             workers = ray_backend(rt, split, rt.layout.candidates_dir(split), field_name)
         else:
             workers = ProcessPoolBackend(
                 split,
-                rt._workers(split),
+                rt.workers(split),
                 lambda index: worker(rt, split, index, histogram_field=field_name),
                 rt.meta_json,
                 rt.layout.candidates_dir(split),
                 into_candidates=True,
             )
-        return rt._split_queue(split, workers, candidates=True)
+        return rt.split_queue(split, workers, candidates=True)
 
     def composer() -> ComposerWorker:
         label = f"{rt.config.name}/{split} composer"
