@@ -123,9 +123,30 @@ class StagingRing:
         slot.capacity = capacity
 
 
+class CudaFence:
+    """A CUDA event recorded on the current stream of the ring's device (not of whichever
+    device is current: a trainer on cuda:1 may leave cuda:0 current). No timing: recording
+    one costs a few microseconds at most."""
+
+    __slots__ = ("_device", "_event")
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._event = torch.cuda.Event()
+
+    def record(self) -> None:
+        self._event.record(torch.cuda.current_stream(self._device))
+
+    def query(self) -> bool:
+        return bool(self._event.query())
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+
+
 def cuda_ring(device: torch.device) -> StagingRing:
     """The ring of a CUDA transfer: pinned host buffers, device buffers on `device`, and a
-    CUDA event per slot (no timing: recording one costs a few microseconds at most)."""
+    CudaFence per slot."""
 
     def pinned(n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.uint8, pin_memory=True)
@@ -133,4 +154,4 @@ def cuda_ring(device: torch.device) -> StagingRing:
     def on_device(n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.uint8, device=device)
 
-    return StagingRing(pinned, on_device, torch.cuda.Event)
+    return StagingRing(pinned, on_device, lambda: CudaFence(device))
