@@ -7,6 +7,9 @@ Each slot counts its own failures: slots that die together (the actors of a lost
 as many slots failing once each, not one slot failing again and again. A slot whose engine is
 gone (BackendUnavailable: a Ray cluster lost) is no failure of the provider: it is retried with
 a backoff of its own, and the split says it is unavailable meanwhile.
+
+It drives the split's production through RestartedProduction, the few parts it reads and
+writes, which Production (producer.py) implements: producer.py imports this, not the reverse.
 """
 
 from __future__ import annotations
@@ -14,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from queue_server.production.backend import BackendUnavailable
-
-if TYPE_CHECKING:
-    from queue_server.production.producer import Production
+from queue_server.background import BackgroundTasks
+from queue_server.production.backend import BackendUnavailable, ProductionBackend
+from queue_server.split.state import SplitState
 
 log = logging.getLogger("queue_server.production")
 
@@ -29,12 +31,33 @@ WORKER_BACKOFF_S = (0.5, 30.0)
 _UNAVAILABLE_BACKOFF_S = (0.5, 5.0)
 
 
+class RestartedProduction(Protocol):
+    """The production whose slots are restarted."""
+
+    where: str
+    split: str
+    backend: ProductionBackend
+    state: SplitState  # its error, backoff and restart counter
+    stopped: bool
+    busy: set[int]  # slots with a job, or down until their restart
+    running: set[int]  # slots started
+    tasks: BackgroundTasks
+
+    async def start_slot(self, slot: int) -> None:
+        """Start the slot (BackendUnavailable when its engine is gone)."""
+        ...
+
+    def kick(self) -> None:
+        """Give every idle slot its next job."""
+        ...
+
+
 class SlotRestarts:
     """The restarts of one split's slots; production calls it when a slot fails or exits."""
 
     def __init__(
         self,
-        production: Production,
+        production: RestartedProduction,
         *,
         max_restarts: int,
         on_fatal: Callable[[str], None],
