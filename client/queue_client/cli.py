@@ -3,6 +3,8 @@
     queue-client stats [DATASET...] [--watch] [--interval S] [--json]
     queue-client meta NAME [--json]
     queue-client schema NAME [--split S] [--json]
+    queue-client explain NAME --step S [--rank R] [--world-size W] [--split S] [--json]
+    queue-client explain NAME --seq N --offset ROW [--split S] [--json]
 
 The address is --address, else $BATCHQUEUE_ADDRESS, else 127.0.0.1:50051; the auth token is
 --token, else $BATCHQUEUE_TOKEN; a TLS server's certificate is trusted with --tls-ca-file,
@@ -28,7 +30,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from queue_client import errors
-from queue_client.cli_render import _console, _render_meta, _render_schema, _render_stats
+from queue_client.cli_render import (
+    _console,
+    _render_explain,
+    _render_meta,
+    _render_schema,
+    _render_stats,
+)
+from queue_client.explain import explain_request, explained_rows
 from queue_client.meta import meta_from_json
 from queue_client.rpc import Rpc
 from queue_client.wire import batchqueue_pb2 as pb
@@ -151,6 +160,9 @@ class Session:
             "GetSchema", pb.GetSchemaRequest(dataset=name, split=split), timeout_s=_CALL_TIMEOUT_S
         )
 
+    def explain(self, request: pb.ExplainStepRequest) -> pb.ExplainStepResponse:
+        return self._rpc.call("ExplainStep", request, timeout_s=_CALL_TIMEOUT_S)
+
     def close(self) -> None:
         self._rpc.close()
 
@@ -262,6 +274,22 @@ def cmd_schema(session: Session, args: argparse.Namespace, out: Callable[[str], 
     return 0
 
 
+def cmd_explain(session: Session, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    if (args.step is None) == (args.seq is None):
+        raise errors.InvalidRequest("explain: give --step (with --rank), or --seq and --offset")
+    request = explain_request(
+        args.name, args.split, args.step or 0, args.rank, args.world_size, args.seq, args.offset
+    )
+    reply = session.explain(request)
+    doc = {"dataset": args.name, "split": args.split, "step": args.step, "rank": args.rank}
+    doc.update(world_size=reply.world_size, rows=explained_rows(reply))
+    if args.json:
+        out(json.dumps(doc, indent=2))
+    else:
+        _console().print(_render_explain(doc))
+    return 0
+
+
 # ---- entry point ------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     # --address and friends are accepted before or after the subcommand.
@@ -323,10 +351,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     schema.add_argument("name", metavar="NAME")
     schema.add_argument("--split", help="one split (default: every split)")
+    explain = sub.add_parser(
+        "explain", parents=[common], help="where each row of a step came from (file, offset)"
+    )
+    explain.add_argument("name", metavar="NAME")
+    explain.add_argument("--split", default="train", help="the split (default train)")
+    explain.add_argument("--step", type=int, help="the rank's step (get_batch calls before it)")
+    explain.add_argument("--rank", type=int, default=0, help="the rank (default 0)")
+    explain.add_argument(
+        "--world-size", type=int, default=0, help="default: the split's, as the server knows it"
+    )
+    explain.add_argument("--seq", type=int, help="instead of --step: the batch file ...")
+    explain.add_argument("--offset", type=int, default=0, help="... and its row (default 0)")
     return p
 
 
-_COMMANDS = {"stats": cmd_stats, "meta": cmd_meta, "schema": cmd_schema}
+_COMMANDS = {"stats": cmd_stats, "meta": cmd_meta, "schema": cmd_schema, "explain": cmd_explain}
 
 
 def main(argv: list[str] | None = None) -> int:

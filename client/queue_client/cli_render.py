@@ -1,4 +1,4 @@
-"""The terminal (rich) view of `queue-client` stats, meta and schema, split out of cli.py.
+"""The terminal (rich) view of `queue-client` stats, meta, schema and explain, split out of cli.py.
 
 Off a terminal (stdout a pipe or a file) the tables are plain: no box, no colour, and as wide
 as their columns, never cut to a terminal's width ("back...") that the reader does not have.
@@ -180,3 +180,25 @@ def _render_schema(doc: dict[str, Any]) -> Any:
             table.add_row(f["name"], f["dtype"], str(tuple(f["shape"])), f["role"])
         tables.append(table)
     return Group(*tables)
+
+
+def _render_explain(doc: dict[str, Any]) -> Any:
+    """One line per row of the step: its batch file and row, source, input file, token
+    offset and document ("-" where unknown)."""
+    where = f"step {doc['step']} of rank {doc['rank']}" if doc["step"] is not None else "rows"
+    table = _table(
+        title=f"{doc['dataset']} {doc['split']}: {where} (world size {doc['world_size']})"
+    )
+    for name in ("seq", "row", "source", "file", "token offset", "document"):
+        table.add_column(name, justify="left" if name in ("source", "file") else "right")
+    for r in doc["rows"]:
+        document = str(r["document"]) if r["document"] >= 0 else "-"
+        table.add_row(
+            str(r["seq"]),
+            str(r["row"]),
+            r["source"] or "-",
+            r["file"],
+            str(r["token_offset"]),
+            document,
+        )
+    return table

@@ -26,6 +26,7 @@ import torch
 
 from queue_client import errors
 from queue_client.batchfile import check_dataset_name, check_split_name
+from queue_client.explain import ExplainMixin
 from queue_client.fetch import FileFetcher, check_transport, choose_transport
 from queue_client.helper_link import HelperLink, helper_client_kwargs
 from queue_client.helper_stream import open_helper_stream
@@ -48,10 +49,9 @@ log = logging.getLogger("queue_client")
 Batch = tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]
 
 
-class QueueClient(SkippingMixin, LeaseMixin, SteeringMixin):
-    """Batches of one dataset for one trainer rank. Not thread-safe: one trainer thread calls it.
-
-    Its lease RPCs are leasing.py's; set_curriculum and set_mixture are steering.py's."""
+class QueueClient(ExplainMixin, SkippingMixin, LeaseMixin, SteeringMixin):
+    """Batches of one dataset for one trainer rank; not thread-safe: one trainer thread calls
+    it. Lease RPCs are leasing.py's, steering calls steering.py's, explain explain.py's."""
 
     def __init__(
         self,

@@ -134,6 +134,13 @@ class DataProviderBase(abc.ABC):
         batch). Empty for a provider without ordered epochs."""
         return []
 
+    def provenance(self, split: str, seq: int, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """Where each of `rows` of file `seq` came from (queue_providers/provenance.py: file,
+        token_offset, document; source for a mixture), by the arithmetic that makes the file,
+        never reading the corpus. Refused where a provider cannot say it that way."""
+        why = "its rows depend on the stream read before them" if self.streams else "none given"
+        raise ValueError(f"explain is not available for provider {type(self).__name__} ({why})")
+
     # ---- provided --------------------------------------------------------------------------
     @property
     def batch_size(self) -> int:

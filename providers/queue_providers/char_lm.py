@@ -26,6 +26,7 @@ from queue_client.errors import ConfigError
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema
 from queue_providers.inputs import Input
+from queue_providers.provenance import check_rows, window_rows
 from queue_providers.remote import read_text, resolve, shown, store_for
 from queue_providers.seeding import derive_seed, randint_draws
 
@@ -174,3 +175,16 @@ class CharLMProvider(DataProviderBase):
         # every id (n*b*(T+1) int64s) cost 20x the time.
         windows = sliding_window_view(narrow, t + 1)[starts]
         return windows.reshape(n, b, t + 1)
+
+    def provenance(self, split: str, seq: int, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """Each row's first character in the input text (val follows train in it): the
+        draws file_windows makes, no character read."""
+        if split not in self.data:
+            raise ValueError(f"char_lm: no split {split!r}; the splits are {sorted(self.data)}")
+        n, b, t = self.context.batches_per_file, self.batch_size, self.block_size
+        at = check_rows(rows, n * b, f"char_lm split {split!r} seq {seq}")
+        seed = derive_seed(self.context.seed, split, seq)  # file_rng's
+        starts = randint_draws(seed, len(self.data[split]) - t, n * b)[at]
+        if split == "val":
+            starts = starts + len(self.data["train"])
+        return window_rows([self.source], [None], np.zeros(len(at), np.int64), starts)

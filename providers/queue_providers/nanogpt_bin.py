@@ -28,6 +28,7 @@ from queue_client.meta import loads_plain
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema
 from queue_providers.inputs import Input
+from queue_providers.provenance import check_rows, window_rows
 from queue_providers.remote import RemotePath, input_path, local_file, store_for
 from queue_providers.seeding import derive_seed, randint_draws
 
@@ -218,3 +219,18 @@ class NanoGPTBinProvider(DataProviderBase):
         seed = derive_seed(self.context.seed, split, seq)  # file_rng's
         starts = randint_draws(seed, self.tokens[split] - t, n * b)
         return self.rows(split, starts, dtype).reshape(n, b, t + 1)
+
+    def provenance(self, split: str, seq: int, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """Each row's start in SPLIT.bin: file_windows's draws, no token read."""
+        if split not in self.paths:
+            raise ValueError(
+                f"nanogpt_bin: no split {split!r}; the splits are {sorted(self.paths)}"
+            )
+        n, b, t = self.context.batches_per_file, self.batch_size, self.block_size
+        at = check_rows(rows, n * b, f"nanogpt_bin split {split!r} seq {seq}")
+        starts = randint_draws(
+            derive_seed(self.context.seed, split, seq), self.tokens[split] - t, n * b
+        )
+        return window_rows(
+            [str(self.paths[split])], [None], np.zeros(len(at), np.int64), starts[at]
+        )

@@ -31,6 +31,7 @@ from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.rows import SourceRows, source_rows
 from queue_providers.mixture.sources import build_sources, check_same_schema, source_meta
 from queue_providers.mixture.tokenizers import check_one_tokenizer
+from queue_providers.provenance import check_rows
 from queue_providers.token_ids import check_ids
 
 if TYPE_CHECKING:
@@ -201,6 +202,32 @@ class MixtureProvider(DataProviderBase):
         )
         # This file holds those rows, so no other file names them; its publisher records them.
         return replace(encoded, epoch_starts=tuple(starts))
+
+    def provenance(self, split: str, seq: int, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """Each row's source, from the row schedule in closed form (as make_file draws it),
+        and where that source's own row came from (its provider's provenance)."""
+        if split not in self._schemas:
+            raise ValueError(f"no split {split!r}; the splits are {sorted(self._schemas)}")
+        per_file, first = self.rows_per_file, seq * self.rows_per_file
+        at = check_rows(rows, per_file, f"mixture split {split!r} seq {seq}")
+        schedule = self.row_schedule(split)
+        picks = np.array(schedule.sources_of(first, first + per_file), dtype=np.int64)
+        before = schedule.counts(first)
+        out: list[dict[str, Any]] = [{} for _ in at]
+        for s, source in enumerate(self._rows):
+            wanted = np.flatnonzero(picks[at] == s)
+            # Row p of the source's stream: the rows it gave earlier files, then this one's.
+            stream = before[s] + np.searchsorted(np.flatnonzero(picks == s), at[wanted])
+            files, offsets = np.divmod(stream, per_file)
+            for file in np.unique(files).tolist():
+                here = files == file
+                try:
+                    said = source.provider.provenance(split, file, offsets[here].tolist())
+                except ValueError as exc:
+                    raise ValueError(f"mixture source {source.name!r}: {exc}") from None
+                for i, entry in zip(wanted[here].tolist(), said, strict=True):
+                    out[i] = {**entry, "source": source.name}
+        return out
 
     def copies_stored_rows(self, split: str) -> bool:
         """Whether `split`'s files are made from the stored rows of the sources' files, as

@@ -17,7 +17,7 @@ mtime (or the manifest's checksums), so start-up and memory do not grow with the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from queue_client.errors import ConfigError
 from queue_client.schema import token_dtype_name
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema, packed_lm_schema
+from queue_providers.provenance import check_rows, window_rows
 from queue_providers.remote import RemoteObject, store_for
 from queue_providers.seeding import derive_seed, randint_draws
 from queue_providers.token_shards.corpus import CorpusIndex
@@ -236,6 +237,24 @@ class TokenShardsProvider(DataProviderBase):
         # file_rng's draws, batch after batch, drawn without torch
         seed = derive_seed(self.context.seed, split, seq)
         return corpus.locate_start(randint_draws(seed, corpus.n_starts, len(rows)))
+
+    def provenance(self, split: str, seq: int, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """Each row's shard, first token and document, placed as make_file places them."""
+        if split not in self.corpora:
+            raise ValueError(f"{WHERE}: no split {split!r}; the splits are {sorted(self.corpora)}")
+        at = check_rows(rows, self.rows_per_file, f"{WHERE} split {split!r} seq {seq}")
+        if self.order == "documents":  # a window's first token, in its shard's stream
+            order = self.documents[split]
+            epochs, shard, windows = order.locate(seq * self.rows_per_file + at)
+            start = np.empty_like(windows)
+            for epoch, index in set(zip(epochs.tolist(), shard.tolist(), strict=True)):
+                now = (epochs == epoch) & (shard == index)
+                stream = order.stream(index, epoch)
+                start[now] = stream.read_positions(windows[now] * self.block_size)[0]
+        else:
+            shard, start = (column[at] for column in self._placed(split, seq))
+        shards = self.corpora[split].shards
+        return window_rows([s.shown for s in shards], [s.doc_starts for s in shards], shard, start)
 
     def _made_by_base(self, split: str, seq: int) -> Any:
         """The base class's file, from the rows placed in _file_rows."""

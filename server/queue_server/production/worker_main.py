@@ -10,6 +10,7 @@ The server writes one JSON request per line and reads one JSON reply per line. R
     {"op": "check_inputs", "inputs": {...}, "fingerprint": f}          -> {"ok": true, "fingerprint": f}
     {"op": "set_meta", "meta_json": ..., "state": {...} | null}         -> {"ok": true}
     {"op": "produce", "split": s, "seq": n, "state": {...} | null}      -> {"ok": true, "name": ..., ...}
+    {"op": "provenance", "split": s, "seq": n, "rows": [...]}          -> {"ok": true, "rows": [{...}]}
     {"op": "curriculum_init" | "compose" | "materialize", ...}          see queue_server/curriculum/host.py
 
 A produce with "into": "candidates" publishes into the split's candidates dir (curriculum).
@@ -208,6 +209,11 @@ class WorkerSession:
         if op == "produce":
             assert provider is not None and root is not None, "init first"
             return _produce(provider, DatasetLayout(root, dataset), req)
+        if op == "provenance":  # where rows of a file came from (queue_server/provenance.py)
+            assert provider is not None, "init first"
+            set_weight_changes(provider, req["split"], req.get("overrides"))
+            rows = provider.provenance(req["split"], req["seq"], req["rows"])
+            return {"ok": True, "rows": rows}
         if op in ("curriculum_init", "compose", "materialize"):
             assert provider is not None and root is not None, "init first"
             if self.host is None:

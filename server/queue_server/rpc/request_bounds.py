@@ -53,6 +53,7 @@ __all__ = [
     "MAX_WAIT_MS",
     "MAX_WORLD_SIZE",
     "check_acquire",
+    "check_explain_step",
     "check_int",
     "check_release",
     "check_renew",
@@ -67,6 +68,8 @@ MAX_MIXTURE_SOURCES = 255
 # SkipSteps: global steps up to this (steering/skips.py MAX_STEP).
 MAX_STEP = 999_999_999_999
 MAX_SOURCE_NAME = 64
+# ExplainStep: the rows one reply may list.
+MAX_EXPLAIN_ROWS = 65_536
 
 # The most characters of each string field of a BatchQueue request, by the field's name
 # (tests/test_request_bounds.py checks that every one is here). The names' own rules
@@ -197,3 +200,15 @@ def check_skip_steps(request: pb.SkipStepsRequest) -> None:
     check_int("position_step", request.position_step, 0, MAX_STEP)
     if request.HasField("position_seq"):
         check_int("position_seq", request.position_seq, 0, MAX_SEQ)
+
+
+def check_explain_step(request: pb.ExplainStepRequest) -> None:
+    """ExplainStep: world_size (0: the split's), rank, step, seq and offset, batch_size (the
+    rows one reply lists, at most MAX_EXPLAIN_ROWS)."""
+    check_int("world_size", request.world_size, 0, MAX_WORLD_SIZE, " (0 means the split's)")
+    check_int("rank", request.rank, 0, (request.world_size or MAX_WORLD_SIZE) - 1)
+    check_int("step", request.step, 0, MAX_STEP)
+    if request.HasField("seq"):
+        check_int("seq", request.seq, 0, MAX_SEQ)
+    check_int("offset", request.offset, 0, MAX_SEQ)
+    check_int("batch_size", request.batch_size, 0, MAX_EXPLAIN_ROWS, " (0 means the dataset's)")

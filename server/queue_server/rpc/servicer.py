@@ -24,6 +24,7 @@ from queue_server.curriculum import changes as curriculum_changes
 from queue_server.dataset import DatasetRuntime
 from queue_server.mixture import changes as mixture_changes
 from queue_server.process_memory import rss_of
+from queue_server.provenance import explain_step
 from queue_server.rpc import request_bounds
 from queue_server.rpc.fetch_streams import FetchStreams
 from queue_server.rpc.file_stream import chunk_size, stream_file
@@ -314,6 +315,14 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             request.rank,
         )
         return pb.SkipStepsResponse(skips=[pb.StepRange(from_step=a, to_step=b) for a, b in skips])
+
+    @_translate
+    async def ExplainStep(
+        self, request: pb.ExplainStepRequest, context: Any
+    ) -> pb.ExplainStepResponse:
+        request_bounds.check_explain_step(request)
+        runtime = await self._dataset(request.dataset, self._wait_s)
+        return await explain_step(runtime, self._queue(runtime, request.split or "train"), request)
 
     @_translate
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
