@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[dev,ray,remote,hf,dedup,peers,lightning,hf-trainer]"
+	$(PY) -m pip install --quiet -e ".[dev,ray,remote,hf,dedup,peers,lightning,hf-trainer,torchtitan]"
 	touch $(STAMP)
 
 setup: $(STAMP)
