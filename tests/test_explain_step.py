@@ -23,9 +23,13 @@ from support.token_files import write_prepared, write_raw
 
 from conftest import ServerFactory
 from queue_client import InvalidRequest, QueueClient, UnknownDataset, UnknownSplit
+from queue_client.batchfile import load_batch_bytes
 from queue_client.cli import main as cli_main
 from queue_client.rpc import Rpc
 from queue_client.wire import batchqueue_pb2 as pb
+from queue_providers.base import ProviderContext
+from queue_providers.char_lm import CharLMProvider
+from queue_providers.token_shards.provider import TokenShardsProvider
 
 T = 8
 B, NB = 4, 5  # batch size, batches per file: 20 rows a file
@@ -214,3 +218,28 @@ def test_a_provider_without_provenance_is_refused_naming_it(
     with QueueClient(server.address, "tiny") as client:
         with pytest.raises(InvalidRequest, match="not available for provider TinyProvider"):
             client.explain(0)
+
+
+def test_char_lm_and_random_windows_are_placed_as_their_files_draw_them(tmp_path: Path) -> None:
+    """The providers themselves (no server): char_lm's rows are the input's characters from
+    the offset named (val's after train's), and token_shards' nanoGPT draws start there."""
+    text = "".join(chr(97 + (i * 7) % 26) + "\n" * (i % 13 == 0) for i in range(5000))
+    (tmp_path / "in.txt").write_text(text)
+    context = ProviderContext("c", tmp_path / "c", B, NB)
+    char = CharLMProvider(context, input=str(tmp_path / "in.txt"), block_size=T)
+    char.set_meta(char.complete_meta())
+    for split in ("train", "val"):
+        x = load_batch_bytes(char.make_file(split, 3).data, split).tensors["x"].reshape(-1, T)
+        for i, r in enumerate(char.provenance(split, 3, range(B * NB))):
+            offset = r["token_offset"]
+            assert text[offset : offset + T] == "".join(char.itos[int(v)] for v in x[i]), r
+    write_raw(tmp_path / "a.bin", np.arange(0, 500, dtype=np.uint16))
+    context = ProviderContext("t", tmp_path / "t", B, NB)
+    inputs = [str(tmp_path / "a.bin")]
+    drawn = TokenShardsProvider(context, inputs=inputs, block_size=T, sampling="random")
+    drawn.set_meta(drawn.complete_meta())
+    x = load_batch_bytes(drawn.make_file("train", 2).data, "t").tensors["x"].reshape(-1, T)
+    starts = [r["token_offset"] for r in drawn.provenance("train", 2, range(B * NB))]
+    assert starts == x[:, 0].tolist()
+    with pytest.raises(ValueError, match="row 20 is outside the file's 20 rows"):
+        drawn.provenance("train", 2, [20])
