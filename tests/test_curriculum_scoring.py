@@ -15,15 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queue_server.curriculum.candidate_files import CandidateFile
+from queue_server.curriculum.file_rows import FileRows, TokenClasses
 from queue_server.curriculum.pool import Pool
-from queue_server.curriculum.scoring import (
-    FileRows,
-    TokenClasses,
-    Weights,
-    best,
-    bounds,
-    exact,
-)
+from queue_server.curriculum.scoring import Weights, best, bounds, exact
 
 _EPS = 1e-9
 # Columns of the dense part of the scores (see ReferenceParts).

@@ -22,9 +22,8 @@ A private module (`pkg/_helpers.py`) is the one package-level privacy: modules i
 may import it and its public names, modules outside may not. Dunder names (`__version__`)
 are not private, and a module's own privates and `self._x` are not imports, so are fine.
 
-KNOWN_CYCLES and KNOWN_PRIVATE_USES list what is still to be untangled and whose modules
-are being reworked elsewhere; each must still exist (an entry that no longer fails is
-dropped from the list), so the lists only shrink.
+KNOWN_CYCLES and KNOWN_PRIVATE_USES list what is left to untangle. Each entry must still be
+found (one untangled is dropped from its list), so the lists only shrink.
 """
 
 from __future__ import annotations
@@ -57,8 +56,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
         "queue_server.steering.port",
         "queue_server.steering.skips",
     ),
-    ("queue_server.curriculum.composer", "queue_server.curriculum.snapshot"),
-    ("queue_server.curriculum.pool", "queue_server.curriculum.scoring"),
     # SplitQueue's helpers take the SplitQueue itself (its type, under TYPE_CHECKING).
     (
         "queue_server.split.opening",
@@ -70,7 +67,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
 # (importing module, module whose private names it takes) still to clean up.
 KNOWN_PRIVATE_USES: set[tuple[str, str]] = {
     ("queue_client.cli", "queue_client.cli_render"),  # its _render_* and _console
-    ("queue_server.curriculum.scoring", "queue_server.curriculum.pool"),  # _ranges
 }
 
 

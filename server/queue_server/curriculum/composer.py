@@ -32,9 +32,10 @@ import numpy as np
 from queue_client.batchfile import PublishedFile
 from queue_server.curriculum.candidate_files import CandidateFile, write_served
 from queue_server.curriculum.corpus import kl_divergence
+from queue_server.curriculum.file_rows import FileRows, TokenClasses
 from queue_server.curriculum.pool import Pool
 from queue_server.curriculum.schedule import alpha_for
-from queue_server.curriculum.scoring import FileRows, TokenClasses, Weights, best, exact
+from queue_server.curriculum.scoring import Weights, best, exact
 from queue_server.curriculum.settings import ComposerSettings
 from queue_server.curriculum.shards import best_of, owned
 from queue_server.curriculum.snapshot import restore_snapshot, save_snapshot
@@ -352,6 +353,14 @@ class Composer:
 
     def restore(self, path: Path) -> None:
         restore_snapshot(self, path)
+
+    def forget_derived(self) -> None:
+        """Drop the pool, the plan and the mapped files: rebuilt from the state on next use."""
+        self._pool = None
+        self._plan = None
+        self._dirty = False
+        self._files.clear()
+        self._rows.clear()
 
     def stats(self) -> dict:
         return {

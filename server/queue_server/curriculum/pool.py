@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from queue_server.curriculum.scoring import FileRows
+    from queue_server.curriculum.file_rows import FileRows
 
 # Rounding allowance on each tightening of kept tail sums (Pool.tighten).
 _TIGHTEN_SLACK = 1e-6
 
 
-def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+def concat_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Concatenated [start, start + len) index ranges."""
     total = int(lens.sum())
     if total == 0:
@@ -91,7 +91,7 @@ class Pool:
         Their rare entries join the index at the next index()."""
         k, first = len(batches), self.n
         lens = fr.head_len[batches] + fr.tail_len[batches]
-        at = _ranges(fr.start[batches], lens)
+        at = concat_ranges(fr.start[batches], lens)
         rows, used = self.n + k, self.used + len(at)
         self._grow(rows, used)
         self.start[first:rows] = self.used + np.cumsum(lens) - lens
@@ -206,7 +206,7 @@ class Pool:
         toks, cp = ids[pick], counts[pick]
         lo = self.rare_start[toks]
         lens = self.rare_start[toks + 1] - lo
-        entries = _ranges(lo, lens)
+        entries = concat_ranges(lo, lens)
         if len(entries) == 0:
             return
         tok = np.repeat(np.arange(len(toks)), lens)
