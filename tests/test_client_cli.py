@@ -298,6 +298,7 @@ block_size = 16
         "Ping",
         "SetCurriculum",
         "SetMixture",
+        "ExplainStep",
     }
     assert every <= methods, f"docs/grpc-api.md has no command for {sorted(every - methods)}"
     assert server.split_stats("stdlib_char")["leased_files"] == 0  # the doc's lease was given back
