@@ -16,6 +16,7 @@ given the split's SetMixture calls, as a produce is.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import TYPE_CHECKING
 
 from queue_client import errors
@@ -28,8 +29,19 @@ if TYPE_CHECKING:
     from queue_server.dataset import DatasetRuntime
     from queue_server.split.queue import SplitQueue
 
-# One explaining worker at a time per server: each is a provider started afresh.
-_ONE_AT_A_TIME = asyncio.Semaphore(1)
+# One explaining worker at a time per server (per event loop: a process may run several
+# servers in turn, in-process): each is a provider started afresh.
+_ONE_AT_A_TIME: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _one_at_a_time() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    limit = _ONE_AT_A_TIME.get(loop)
+    if limit is None:
+        limit = _ONE_AT_A_TIME[loop] = asyncio.Semaphore(1)
+    return limit
 
 
 def step_rows(
@@ -82,7 +94,7 @@ async def explain_step(
         )
     overrides = [list(o) for o in queue.mixture_changes] if queue.mixture else []
     reply = pb.ExplainStepResponse(world_size=world, batch_size=batch)
-    async with _ONE_AT_A_TIME:
+    async with _one_at_a_time():
         worker = dataset_workers.worker(runtime, split, 0)
         try:
             await worker.start()
