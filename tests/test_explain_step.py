@@ -135,6 +135,36 @@ def test_each_row_of_a_step_is_at_the_file_offset_and_document_explain_names(
             c.close()
 
 
+def test_after_skipped_steps_a_step_is_still_explained_by_its_number(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    """Skipped steps advance the stream a batch each, so step S is still stream batch S."""
+    inputs, _ = token_shards_corpus(tmp_path / "corpus")
+    config = textwrap.dedent(
+        f"""
+        [datasets.tok]
+        provider = "token_shards"
+        batch_size = {B}
+        batches_per_file = {NB}
+        max_backlog_files = 1
+        [datasets.tok.args]
+        inputs = {json.dumps(inputs)}
+        block_size = {T}
+        vocab_size = {VOCAB}
+        """
+    )
+    server = start_server(config)
+    with QueueClient(server.address, "tok") as client:
+        seen = {0: client.get_batch("train")}
+        client.skip_steps(25, 32)
+        while client.state_dict()["splits"]["train"]["step"] < 40:
+            batch = client.get_batch("train")
+            seen[client.state_dict()["splits"]["train"]["step"] - 1] = batch
+        assert not set(range(25, 32)) & set(seen) and {24, 32} <= set(seen), sorted(seen)
+        for step in (24, 32, 39):
+            check_rows(seen[step], client.explain(step))
+
+
 def test_in_document_order_a_rows_first_token_and_document_are_named(
     start_server: ServerFactory, tmp_path: Path
 ) -> None:
