@@ -68,12 +68,16 @@ def run(tmp: Path, servers: Any, phases: tuple[int, int, int], call_at: int) -> 
     rows: dict[int, list] = {}
     first, second, third = phases
     addresses = servers(16, "start")
-    clients = {r: QueueClient(addresses[r], "mix", rank=r, world_size=16) for r in range(16)}
+    clients = {
+        r: QueueClient(addresses[r], "mix", rank=r, world_size=16, reconnect_timeout_s=2)
+        for r in range(16)
+    }
     for s in range(first):
         step(clients, rows, s == call_at, skip=s == 2)
     states = {r: c.state_dict() for r, c in clients.items()}
     replaced = servers(16, "lose")  # the ranks whose server was replaced, and its address
     for r, address in replaced.items():
+        clients[r].close()  # its server is gone: it gives up within its reconnect timeout
         clients[r] = QueueClient(address, "mix", rank=r, world_size=16)
         clients[r].load_state_dict([states[q] for q in range(16)])
     for s in range(first, first + second):

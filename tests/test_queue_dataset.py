@@ -54,7 +54,8 @@ def test_main_process_loader_is_the_clients_stream_and_resumes(start_server, cor
         "offset": 2 * ds.client().file_batch_size,
         "next_seq": 2,
         "pending": [],
-    }  # 7 batches of 5 per file; the offset counts rows
+        "step": 7,
+    }  # 7 batches of 5 per file; the offset counts rows; 7 steps served
     rest = xs(loader)  # iterating again continues the stream
     assert same(first + rest, reference)
     # The dataset pickles without its live client (as a DataLoader with workers pickles it):

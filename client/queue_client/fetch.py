@@ -33,6 +33,10 @@ from queue_client.layout import root_id_file
 from queue_client.rpc import Rpc
 from queue_client.wire import batchqueue_pb2 as pb
 
+# Retry jitter from a generator of our own: a trainer's seeded global `random` is never
+# drawn from by the client's background threads.
+_JITTER = random.Random()
+
 log = logging.getLogger("queue_client")
 
 TRANSPORTS = ("auto", "file", "grpc")
@@ -117,7 +121,7 @@ class FileFetcher:
                 if remaining <= 0:
                     raise
                 # Backoff, not synchronisation: the server offers nothing to wait on.
-                time.sleep(min(remaining, delay * (0.5 + random.random())))
+                time.sleep(min(remaining, delay * (0.5 + _JITTER.random())))
                 delay = min(delay * 2, _BUSY_BACKOFF_S[1])
 
     def _fetch_once(self, lease_id: str, size_bytes: int, crc32: int, where: str) -> bytes:

@@ -29,6 +29,10 @@ from queue_client.errors import InvalidRequest, ServerUnavailable
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
 
+# Retry jitter from a generator of our own: a trainer's seeded global `random` is never
+# drawn from by the client's background threads.
+_JITTER = random.Random()
+
 _BACKOFF_S = (0.05, 2.0)
 # Long enough for a server that is still binding; short enough that a wrong address fails
 # within 5 s, probe included.
@@ -120,7 +124,7 @@ class Rpc:
                         f"({method}): {err.details()}"
                     ) from None
                 # Backoff between reconnect attempts, not synchronisation: nothing else to wait on.
-                time.sleep(min(remaining, delay * (0.5 + random.random())))
+                time.sleep(min(remaining, delay * (0.5 + _JITTER.random())))
                 delay = min(delay * 2, _BACKOFF_S[1])
 
     def stream(self, method: str, request: Any, *, timeout_s: float) -> Generator[Any, None, None]:

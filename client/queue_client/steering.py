@@ -4,6 +4,7 @@ calls at the same steps change the same seqs whatever the timing."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from queue_client.skipping import StepSkips, advanced, passed_over
 from queue_client.stream import SplitStream
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import World
+
+log = logging.getLogger("queue_client")
 
 
 class SteeringMixin:
@@ -153,7 +156,13 @@ class SkippingMixin:
         if self.mode != "deterministic":
             return
         request = pb.SkipStepsRequest(dataset=self.dataset, split=split, list_only=True)
-        reply = self._rpc.call("SkipSteps", request, timeout_s=self.timeout_s)
+        try:
+            reply = self._rpc.call("SkipSteps", request, timeout_s=self.timeout_s)
+        except errors.ServerUnavailable as exc:
+            # The first lease says why the server cannot be reached (or, with fetch_process,
+            # the helper does); its reply carries the skips too.
+            log.warning("listing the skipped steps of %s/%s failed: %s", self.dataset, split, exc)
+            return
         skips.learn((r.from_step, r.to_step) for r in reply.skips)
 
     def _skip_if_due(self, split: str, skips: StepSkips) -> bool:
