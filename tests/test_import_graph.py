@@ -21,6 +21,8 @@ in the same package needs is part of that package's internal API: it drops its u
 A private module (`pkg/_helpers.py`) is the one package-level privacy: modules inside `pkg`
 may import it and its public names, modules outside may not. Dunder names (`__version__`)
 are not private, and a module's own privates and `self._x` are not imports, so are fine.
+A private attribute read off another module's object (`queue._journal`) is beyond this scan,
+which knows no types: a Protocol of what the reader needs keeps those out (as above).
 
 KNOWN_CYCLES and KNOWN_PRIVATE_USES list what is left to untangle. Each entry must still be
 found (one untangled is dropped from its list), so the lists only shrink.
