@@ -50,14 +50,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
     ("queue_client.storage", "queue_client.storage_encode"),
     # RemoteObject names RemoteStore's type; the store makes RemoteObjects.
     ("queue_providers.remote.objects", "queue_providers.remote.store"),
-    # The port names SplitPlane's type; the plane applies changes through the changes modules.
-    (
-        "queue_server.curriculum.changes",
-        "queue_server.mixture.changes",
-        "queue_server.steering.plane",
-        "queue_server.steering.port",
-        "queue_server.steering.skips",
-    ),
     # SplitQueue's helpers take the SplitQueue itself (its type, under TYPE_CHECKING).
     (
         "queue_server.split.opening",

@@ -4,7 +4,7 @@ implements it; the changes modules import this, never SplitQueue (no arrow back 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from queue_server.config.server import DatasetConfig
 from queue_server.journal.records import AlphaChange, MixtureChange, StepSkip
@@ -12,7 +12,27 @@ from queue_server.journal.records import AlphaChange, MixtureChange, StepSkip
 if TYPE_CHECKING:
     from queue_server.mixture.stats import MixtureView
     from queue_server.split.schedule import Schedule
-    from queue_server.steering.plane import SplitPlane
+
+
+class SharedChanges(Protocol):
+    """The job's control plane as a change sees it (steering/plane.py's SplitPlane): where
+    changes are placed, and how one is made on every server."""
+
+    @property
+    def horizon(self) -> int:
+        """The highest seq any server of the job may have made."""
+        ...
+
+    async def propose(
+        self,
+        kind: str,
+        value: Any,
+        position: int | None,
+        rank: int,
+        extra: dict[str, Any] | None = None,
+    ) -> int:
+        """Make a change on every server; returns its first seq."""
+        ...
 
 
 class SteeredSplit(Protocol):
@@ -28,7 +48,11 @@ class SteeredSplit(Protocol):
     skips: list[tuple[int, int]]  # SkipSteps: global steps [a, b) every rank skips
     schedule: Schedule  # which seq each rank reads (its world size, its window)
     steering_lock: asyncio.Lock  # one change at a time, each checked against those before
-    plane: SplitPlane | None  # the job's control plane, where servers share their changes
+
+    @property
+    def plane(self) -> SharedChanges | None:
+        """The job's control plane, where servers share their changes (None: none)."""
+        ...
 
     def first_unmade(self) -> int:
         """The first seq past every seq made or being made (a change may start there)."""
