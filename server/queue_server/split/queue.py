@@ -129,8 +129,6 @@ class SplitQueue:
             ),
             on_unavailable=lambda reason: on_unavailable("production", reason),
             verbose=verbose,
-            # A composer cannot make a served file without serving it.
-            can_advance=not self.curriculum,
             may_make=lambda seq: self.plane is None or self.plane.allows(seq),
         )
         # A backend that waits for room on its engine (a Ray node) says so, and for how long.
