@@ -141,20 +141,20 @@ def test_a_toml_list_of_ranks_is_served(tmp_path: Path) -> None:
     assert parse_config(_toml(""), config_dir=tmp_path).served == EVERY_RANK
 
 
-@pytest.mark.parametrize(
-    ("dataset", "message"),
-    [
-        ('selection = "curriculum"', 'datasets.d, which has selection = "curriculum"'),
-        ('mode = "best_effort"', "datasets.d, which has mode = 'best_effort'"),
-    ],
-)
-def test_node_local_serving_refuses_what_one_node_cannot_make_alone(
-    tmp_path: Path, dataset: str, message: str
-) -> None:
+def test_node_local_serving_refuses_what_one_node_cannot_make_alone(tmp_path: Path) -> None:
+    dataset, message = 'mode = "best_effort"', "datasets.d, which has mode = 'best_effort'"
     raw = _toml('ranks = "0-1"\nworld_size = 4', dataset)
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(raw, config_dir=tmp_path)
     parse_config(_toml("", dataset), config_dir=tmp_path)  # fine from one server
+
+
+def test_a_curriculum_is_served_node_local(tmp_path: Path) -> None:
+    """Each node composes its ranks' curriculum streams (docs/curriculum.md, "Node-local
+    servers"); tests/test_curriculum_node_local.py serves one."""
+    dataset = 'selection = "curriculum"\ncurriculum_streams = 4'
+    config = parse_config(_toml('ranks = "0-1"\nworld_size = 4', dataset), config_dir=tmp_path)
+    assert config.served == served({0, 1}, 4) and config.datasets[0].curriculum.streams == 4
 
 
 def test_the_command_line_overrides_the_config(

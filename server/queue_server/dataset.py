@@ -30,9 +30,9 @@ from queue_client.schema import FieldSpec
 from queue_providers.input_records import inputs_fingerprint, local_files_unchanged
 from queue_server import dataset_workers
 from queue_server.config.dataset import training_split
-from queue_server.config.served_ranks import EVERY_RANK
 from queue_server.config.server import DatasetConfig, ServerConfig
 from queue_server.curriculum.settings import curriculum_settings
+from queue_server.curriculum.streams import candidate_ranks
 from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import ProduceFailed, ProductionBackend, SlotDied
 from queue_server.production.worker_process import WorkerDied, WorkerError
@@ -98,12 +98,13 @@ class DatasetRuntime:
     def split_queue(
         self, split: str, backend: ProductionBackend, candidates: bool = False
     ) -> SplitQueue:
-        config = self.config
-        if candidates:
+        config, served = self.config, self.server.served
+        if candidates:  # a curriculum's: its "ranks" are the streams composed here
             settings, _ = curriculum_settings(self.config, self.meta, split)
             config = dataclasses.replace(
                 config, max_backlog_files=settings.candidate_backlog, selection="fifo"
             )
+            served = candidate_ranks(served, config.curriculum.streams)
         elif config.backlog_for(split) != config.max_backlog_files:
             config = dataclasses.replace(config, max_backlog_files=config.backlog_for(split))
         queue = SplitQueue(
@@ -119,8 +120,7 @@ class DatasetRuntime:
             directory=None if candidates else self._leases,
             verbose=self.server.verbose,
             candidates=candidates,
-            # A curriculum's candidates are its own business: every rank's (and never node-local).
-            served=EVERY_RANK if candidates else self.server.served,
+            served=served,
             gated=not candidates,
             on_first_acquire=(
                 (lambda: self._in_background(self._start_production(split)))

@@ -5,6 +5,7 @@ It works through ProducedDataset, the few parts of a dataset it reads, which Dat
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -12,10 +13,13 @@ from queue_client.layout import DatasetLayout
 from queue_server.config.server import DatasetConfig, ServerConfig
 from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
+from queue_server.curriculum.streams import shared_streams
 from queue_server.production.backend import ProductionBackend
 from queue_server.production.process_pool import ProcessPoolBackend
 from queue_server.production.worker_process import WorkerProcess
 from queue_server.split.queue import SplitQueue
+
+log = logging.getLogger("queue_server.curriculum")
 
 
 class ProducedDataset(Protocol):
@@ -106,6 +110,14 @@ def curriculum(rt: ProducedDataset, split: str) -> CurriculumBackend:
     processes, or Ray actors with backend = "ray", as its candidate providers)."""
     settings, field_name = curriculum_settings(rt.config, rt.meta, split)
     on_ray = rt.config.backend == "ray"
+    shared = shared_streams(rt.server.served, settings.streams)
+    if shared:
+        log.warning(
+            "%s/%s: curriculum streams %s hold seqs of ranks served here and elsewhere "
+            "(curriculum_streams = %d, world_size %d): this node composes them in full, as "
+            "the other nodes do; a multiple of the world size composes only this node's share",
+            rt.config.name, split, shared[:8], settings.streams, rt.server.served.world_size,
+        )  # fmt: skip
 
     def candidates() -> SplitQueue:
         # A fresh candidate queue: what the last one said of its engine is moot now.

@@ -21,6 +21,8 @@ SELECTIONS = ("fifo", "curriculum")
 MAX_CANDIDATE_OVERSAMPLE = 1_000.0
 # Composer processes per curriculum split: each pick waits for all of them.
 MAX_COMPOSER_WORKERS = 64
+# Curriculum streams of a split: a world size's worth (served_ranks.MAX_WORLD_SIZE).
+MAX_CURRICULUM_STREAMS = 65536
 
 BACKENDS = ("local", "ray")
 _RAY_LABEL = re.compile(r"node:([A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?)=([A-Za-z0-9._-]*)")
@@ -58,6 +60,10 @@ class CurriculumConfig:
     # Composer processes per curriculum split, each scoring its share of the buffer; the
     # served batches are the same for any count (not in the fingerprint).
     composer_workers: int = 1
+    # Independent curriculum streams: stream k composes the served seqs = k (mod streams) from
+    # candidates of its own, with its own buffer and served counts, so a node composes only
+    # the streams of its ranks when world_size divides it. 1: one stream for the whole job.
+    streams: int = 1
 
     def validate(self, where: str) -> None:
         from queue_server.curriculum.schedule import UNITS, check_points
@@ -107,6 +113,12 @@ class CurriculumConfig:
             self.composer_workers,
             f"an integer in [1, {MAX_COMPOSER_WORKERS}]",
         )
+        check(
+            is_int(self.streams) and 1 <= self.streams <= MAX_CURRICULUM_STREAMS,
+            f"{where}.curriculum_streams",
+            self.streams,
+            f"an integer in [1, {MAX_CURRICULUM_STREAMS}]",
+        )
 
     @classmethod
     def from_table(cls, table: dict[str, Any], where: str) -> CurriculumConfig:
@@ -142,6 +154,7 @@ CURRICULUM_KEYS = {
     "candidate_oversample": "candidate_oversample",
     "starting_estimation_token_count": "starting_estimation_token_count",
     "composer_workers": "composer_workers",
+    "curriculum_streams": "streams",
 }
 
 
@@ -318,7 +331,7 @@ class DatasetConfig:
             keyed["split_workers"] = {"default": 1, **others}
         if self.selection != "fifo":  # what is served depends on these too
             c = self.curriculum
-            keyed["curriculum"] = [  # this order: data dirs built before keep their fingerprint
+            curriculum: list[Any] = [  # this order: data dirs built before keep their fingerprint
                 self.selection,
                 c.candidate_buffer,
                 c.candidate_oversample,
@@ -329,6 +342,9 @@ class DatasetConfig:
                 c.field,
                 list(c.splits),
             ]
+            if c.streams != 1:  # absent at 1, so directories built before keep theirs
+                curriculum.append(["streams", c.streams])
+            keyed["curriculum"] = curriculum
         return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[
             :16
         ]

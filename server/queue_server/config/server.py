@@ -180,20 +180,14 @@ class ServerConfig:
 
     def _check_ranks(self) -> None:
         """Resolve `ranks`; node-local serving needs datasets whose files a node can make
-        on its own (docs/multi-node.md)."""
+        on its own (docs/multi-node.md): not best effort, where any rank takes any file. A
+        curriculum is composed per stream (curriculum_streams), each node its ranks' streams."""
         object.__setattr__(self, "ranks", spec_text(self.ranks))
         served = resolve_ranks(self.ranks, self.world_size, os.environ)
         object.__setattr__(self, "served", served)
         if served.all:
             return
         for d in self.datasets:
-            if d.selection == "curriculum":
-                raise ConfigError(
-                    f"server.ranks = {self.ranks!r} cannot serve datasets.{d.name}, which has "
-                    'selection = "curriculum": its composer picks each served file from what '
-                    "it picked for every rank before, so one node cannot compose its ranks' "
-                    'files alone. Serve it from one server (ranks = "all")'
-                )
             if d.mode != "deterministic":
                 raise ConfigError(
                     f"server.ranks = {self.ranks!r} cannot serve datasets.{d.name}, which has "

@@ -47,7 +47,8 @@ async def set_curriculum(
     async with split.steering_lock:
         if split.plane is not None:  # placed by the job's log: the same seq on every server
             return await split.plane.propose(ALPHA, alpha, position, rank)
-        at = split.change_point(position, split.earliest_unmade())
+        # Past every stream's composed files: a composer's next pick, whichever stream.
+        at = split.change_point(position, split.first_unmade())
         split.append_record(AlphaChange(at, alpha, rank))
         split.alpha_overrides.append((at, alpha))
     log.info("%s: alpha %s from seq %d on", where, "schedule" if alpha is None else alpha, at)

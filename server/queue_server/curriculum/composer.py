@@ -13,6 +13,9 @@ Each served file (seq s, K batches) is composed in seq order:
 3. cull: a batch that waited `max_age` files is dropped, and so are the lowest scorers beyond
    `capacity`; a candidate file none of whose batches is left is retired (deleted).
 
+With `streams` S > 1 (streams.py) a Composer is one stream k: it composes the served seqs
+k, k+S, ... from the candidate seqs k, k+S, ..., and the other streams are other Composers.
+
 Everything is a pure function of the candidates (deterministic per candidate seq), the alpha
 overrides and the world size, so the same calls give the same batches; and a batch's exact
 score is a function of its own histogram and the served counts, so composers that split the
@@ -75,7 +78,12 @@ class Composer:
     then cull_scores and finish, each step on every composer."""
 
     def __init__(
-        self, settings: ComposerSettings, corpus: np.ndarray, shard: int = 0, shards: int = 1
+        self,
+        settings: ComposerSettings,
+        corpus: np.ndarray,
+        shard: int = 0,
+        shards: int = 1,
+        stream: int = 0,
     ) -> None:
         if corpus.shape != (settings.vocab_size,):
             raise ValueError(
@@ -83,17 +91,21 @@ class Composer:
             )
         if not 0 <= shard < shards:
             raise ValueError(f"composer {shard} of {shards} does not exist")
+        if not 0 <= stream < settings.streams:
+            raise ValueError(f"curriculum stream {stream} of {settings.streams} does not exist")
         self.settings = settings
         self.shard, self.shards = shard, shards
+        self.stream = stream
         self.corpus = corpus.astype(np.float64)
         self.classes = TokenClasses.of(self.corpus)
         self.served = np.zeros(settings.vocab_size, np.int64)
         self.served_tokens = 0
         # The buffer, in ingest order: candidate seq, batch index in it, served seq it came in at.
+        # Served seqs and candidate seqs of this stream step by `streams`.
         self.cand = np.zeros(0, np.int64)
         self.index = np.zeros(0, np.int64)
         self.born = np.zeros(0, np.int64)
-        self.next_candidate = 0
+        self.next_candidate = stream
         self.plans = 0
         self.ingested = self.culled = self.picked = 0
         self.alpha = settings.schedule.alpha
@@ -108,7 +120,12 @@ class Composer:
         """Candidate seqs the next served file ingests."""
         s = self.settings
         n = s.files_per_plan + (s.initial_files if self.plans == 0 else 0)
-        return list(range(self.next_candidate, self.next_candidate + n))
+        return list(range(self.next_candidate, self.next_candidate + n * s.streams, s.streams))
+
+    @property
+    def next_seq(self) -> int:
+        """The served seq this stream composes next."""
+        return self.stream + self.plans * self.settings.streams
 
     def held(self) -> list[int]:
         """Candidate seqs with a batch still in the buffer: their files must stay on disk."""
@@ -147,8 +164,8 @@ class Composer:
 
     def begin(self, seq: int, world_size: int, overrides: Sequence[Sequence]) -> None:
         """Ingest the next candidate files and set up the scoring of served file `seq`."""
-        if seq != self.plans:
-            raise ValueError(f"served seq {seq} composed out of order: the next is {self.plans}")
+        if seq != self.next_seq:
+            raise ValueError(f"served seq {seq} composed out of order: the next is {self.next_seq}")
         if self._dirty:
             raise ValueError(
                 f"served seq {seq} was left half composed: this composer must restore its "
@@ -168,7 +185,7 @@ class Composer:
             self.index = np.concatenate([self.index, np.arange(nb, dtype=np.int64)])
             self.born = np.concatenate([self.born, np.full(nb, seq, np.int64)])
             self.ingested += nb
-            self.next_candidate = c + 1
+            self.next_candidate = c + s.streams
         mine = np.flatnonzero(
             owned(self.cand, self.index, s.candidate_batches_per_file, self.shard, self.shards)
         )
@@ -233,7 +250,7 @@ class Composer:
             len(plan.picks),
             s.batches_per_file,
             plan.world_size,
-            self.served_tokens,
+            self.served_tokens * s.streams,  # "tokens": the job's, as the streams serve alike
         )
 
     def picks_left(self) -> int:
@@ -287,7 +304,7 @@ class Composer:
         if len(plan.picks) != s.batches_per_file:
             raise ValueError(f"served seq {plan.seq} has {len(plan.picks)} batches, not all")
         self.alpha = plan.alphas[-1]
-        old = plan.alive & (self.born <= plan.seq - s.max_age)
+        old = plan.alive & (self.born <= plan.seq - s.max_age * s.streams)
         plan.aged = int(old.sum())
         plan.alive &= ~old
         pool = self._current_pool()
@@ -353,6 +370,8 @@ class Composer:
 
     def restore(self, path: Path) -> None:
         restore_snapshot(self, path)
+        if self.next_candidate % self.settings.streams != self.stream:
+            raise ValueError(f"{path} is a snapshot of another curriculum stream")
 
     def forget_derived(self) -> None:
         """Drop the pool, the plan and the mapped files: rebuilt from the state on next use."""

@@ -24,6 +24,8 @@ class ComposerSettings:
     schedule: AlphaSchedule = field(default_factory=AlphaSchedule)
     # Composer processes sharing the buffer (shards.py); what is served does not depend on it.
     composers: int = 1
+    # Independent streams (streams.py): stream k composes the served seqs = k (mod streams).
+    streams: int = 1
 
     @property
     def files_per_plan(self) -> int:
@@ -59,6 +61,7 @@ class ComposerSettings:
             "oversample": self.oversample,
             "schedule": self.schedule.to_json(),
             "composers": self.composers,
+            "streams": self.streams,
         }
 
     @classmethod
@@ -71,6 +74,7 @@ class ComposerSettings:
             float(raw["oversample"]),
             AlphaSchedule.from_json(raw["schedule"]),
             int(raw.get("composers", 1)),
+            int(raw.get("streams", 1)),
         )
 
 
@@ -112,5 +116,6 @@ def curriculum_settings(
         oversample=float(config.curriculum.candidate_oversample),
         schedule=schedule,
         composers=config.curriculum.composer_workers,
+        streams=config.curriculum.streams,
     )
     return settings, field_name

@@ -44,8 +44,8 @@ class ProduceJob:
     publish: False to "advance": make the file's batches, so the forward stream moves past
     seq exactly as if it had been made, but write nothing, and return the states with name ""
     and size 0. A streaming provider on a node-local server passes other ranks' seqs this
-    way. Only sent to slots whose provider streams (start_slot returned True), and never to a
-    curriculum composer.
+    way. Only sent to slots whose provider streams (start_slot returned True); a curriculum
+    stream composes the seq (its picks are journaled) and writes nothing.
     """
 
     split: str

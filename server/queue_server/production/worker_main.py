@@ -11,7 +11,8 @@ The server writes one JSON request per line and reads one JSON reply per line. R
     {"op": "set_meta", "meta_json": ..., "state": {...} | null}         -> {"ok": true}
     {"op": "produce", "split": s, "seq": n, "state": {...} | null}      -> {"ok": true, "name": ..., ...}
     {"op": "provenance", "split": s, "seq": n, "rows": [...]}          -> {"ok": true, "rows": [{...}]}
-    {"op": "curriculum_init" | "compose" | "materialize", ...}          see queue_server/curriculum/host.py
+    {"op": "curriculum_init" | "curriculum_stream" | "compose" | "materialize", ...}
+                                                                        see curriculum/host.py
 
 A produce with "into": "candidates" publishes into the split's candidates dir (curriculum).
 A produce with "publish": false makes the file's batches and drops them: the stream moves past
@@ -214,7 +215,7 @@ class WorkerSession:
             set_weight_changes(provider, req["split"], req.get("overrides"))
             rows = provider.provenance(req["split"], req["seq"], req["rows"])
             return {"ok": True, "rows": rows}
-        if op in ("curriculum_init", "compose", "materialize"):
+        if op in ("curriculum_init", "curriculum_stream", "compose", "materialize"):
             assert provider is not None and root is not None, "init first"
             if self.host is None:
                 from queue_server.curriculum.host import ComposerHost
