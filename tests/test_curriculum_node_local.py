@@ -126,9 +126,9 @@ def node_args(ranks: str, world: int, store: ControlStore) -> tuple[str, ...]:
     return ("--ranks", ranks, "--world-size", str(world), "--control-plane", store.url)
 
 
-def journal(server: ServerProcess, kind: str) -> dict[int, dict]:
+def journal(server: ServerProcess, kind: str, dataset: str = "cur") -> dict[int, dict]:
     """seq -> the record of `kind` ("p" produced, "a" passed over, "alpha" a change)."""
-    path = server.data_root / "cur" / "journal" / "train.jsonl"
+    path = server.data_root / dataset / "journal" / "train.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     return {int(r["at" if kind == "alpha" else "seq"]): r for r in records if r["e"] == kind}
 
@@ -232,6 +232,26 @@ def test_each_node_composes_only_its_ranks_streams_and_takes_rank_0s_change(runs
     ]
     assert len(picks) == len(set(picks))  # no candidate batch served twice
     assert {c % W for c, _ in picks if c % W} == {1, 2, 3}  # each stream its own candidates
+
+
+def test_one_stream_for_the_job_is_composed_in_full_on_every_node(runs: Runs) -> None:
+    """curriculum_streams = 1 (the default) on node-local servers: the target is the whole
+    job's, and each node composes the whole stream, passing over the other node's seqs
+    (composed, journaled, not written), as it says when it starts; every rank reads the
+    one-server run's bytes."""
+    a, b = runs.nodes
+    clients = open_clients([a.address, a.address, b.address, b.address], "whole")
+    rows: list[Rows] = [{} for _ in range(W)]
+    lockstep(clients, rows, range(3 * NB), call=False)
+    close(clients)
+    got = merged(rows)
+    assert got.keys() == {(s, i) for s in range(12) for i in range(NB)}
+    assert not differing(got, merged(runs.by_rank["whole"]))
+    for server, others in ((a, {2, 3}), (b, {0, 1})):
+        assert {s % W for s in journal(server, "p", "whole")} == {0, 1, 2, 3} - others
+        assert {s % W for s in journal(server, "a", "whole")} == others
+        assert "hold seqs of ranks served here and elsewhere" in server.log()
+    assert "hold seqs of ranks served here and elsewhere (curriculum_streams = 4" not in a.log()
 
 
 def test_each_ranks_served_distribution_comes_close_to_the_target(runs: Runs) -> None:
