@@ -5,9 +5,9 @@ Real servers, a real control-plane store, real clients. The run, once for the mo
 1. reference: one server for all four ranks, rank 0 alone calling set_curriculum(0.0) at
    step CALL; two more datasets of the same data (FIFO, and one stream for the whole job)
    give the distances to the target that the streams are held against;
-2. nodes: server A for ranks 0-1 and B for ranks 2-3 of four, sharing the store; the same
-   reads and call, then the ranks read on unevenly and checkpoint; B is SIGKILLed and started
-   again on its root, and every rank reads on to seq LAST;
+2. nodes: server A for ranks 0-1 (with two composers) and B for ranks 2-3 of four, sharing
+   the store; the same reads and call, then the ranks read on unevenly and checkpoint; B is
+   SIGKILLed and started again on its root, and every rank reads on to seq LAST;
 3. elastic: the checkpoint resumed as 2 servers x 1 rank (world size 2) on fresh roots.
 A batch is identified by its position (seq, offset in batches) and compared by its bytes.
 """
@@ -43,7 +43,10 @@ Position = tuple[int, int]
 Rows = dict[Position, np.ndarray]
 
 
-def config(corpus: Path) -> str:
+def config(corpus: Path, composers: int = 1) -> str:
+    """The three datasets; `composers` (composer_workers of "cur") is no part of what is
+    served, so server A runs two and the others one."""
+
     def dataset(name: str, extra: str) -> str:
         return textwrap.dedent(
             f"""
@@ -63,7 +66,11 @@ def config(corpus: Path) -> str:
     curriculum = 'selection = "curriculum"\ncurriculum_alpha = 1.0\n'
     return "[server]\nlease_ttl_s = 30\n" + "".join(
         [
-            dataset("cur", curriculum + f"candidate_buffer = 16\ncurriculum_streams = {W}"),
+            dataset(
+                "cur",
+                curriculum + f"candidate_buffer = 16\ncurriculum_streams = {W}\n"
+                f"composer_workers = {composers}",
+            ),
             # One stream for the whole job, with as many candidates in memory as the four.
             dataset("whole", curriculum + f"candidate_buffer = {16 * W}"),
             dataset("fifo", ""),
@@ -160,7 +167,8 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     tmp = tmp_path_factory.mktemp("curriculum-nodes")
-    text = config(skewed_corpus(tmp / "corpus.txt", segments=300, seed=11))
+    corpus = skewed_corpus(tmp / "corpus.txt", segments=300, seed=11)
+    text = config(corpus)
     factory = ServerFactory(tmp)
     store = ControlStore(tmp / "store", subprocess_env())
     try:
@@ -173,7 +181,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
             calls[name] = lockstep(clients, by_rank[name], range(LAST), call=name == "cur")
             close(clients)
         ref.stop()
-        a = factory(text, data_root=tmp / "a", args=node_args("0,1", W, store))
+        a = factory(config(corpus, 2), data_root=tmp / "a", args=node_args("0,1", W, store))
         b = factory(text, data_root=tmp / "b", args=node_args("2,3", W, store))
         addresses = [a.address, a.address, b.address, b.address]
         clients = open_clients(addresses, reconnect_timeout_s=2)
@@ -227,6 +235,9 @@ def test_each_node_composes_only_its_ranks_streams_and_takes_rank_0s_change(runs
         for seq, record in made.items():
             assert record["before"]["alphas"] == [0.0 if seq >= AT else 1.0] * NB, seq
     assert set(journal(a, "p")) & set(journal(b, "p")) == set()
+    # A's two composers (then its candidate worker) share every pick, B's one makes them alone.
+    assert len(a.split_stats("cur")["worker_pids"]) == 2 + 1
+    assert len(b.split_stats("cur")["worker_pids"]) == 1 + 1
     picks = [
         tuple(p) for s in (a, b) for r in journal(s, "p").values() for p in r["before"]["picks"]
     ]
