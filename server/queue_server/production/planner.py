@@ -35,8 +35,9 @@ class Job:
 
 
 class Planner:
-    """The next job of each slot. can_advance False (a curriculum composer, which cannot make
-    a file without serving it) keeps every seq of the forward stream a published file."""
+    """The next job of each slot. can_advance False keeps every seq of the forward stream a
+    published file (no backend needs it since a curriculum composer passes over seqs, as a
+    streaming provider does, for curriculum_streams on node-local servers)."""
 
     def __init__(
         self, slots: int, schedule: Schedule, state: SplitState, *, can_advance: bool = True
