@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import errno
 import os
-import subprocess
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import grpc
 import pytest
 from auditor import audit
 from grpc_health.v1 import health_pb2
+from support.small_disk import small_tmpfs
 
 from conftest import wait_until
 from queue_client import QueueClient
@@ -41,23 +41,8 @@ PAGE = 4096
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs under tmp_path, unmounted after the test's servers are gone."""
-    if os.geteuid() != 0:
-        pytest.skip("filling a real filesystem needs a small tmpfs, and mounting one needs root")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        pytest.skip(
-            f"mount -t tmpfs is not permitted here: {proc.stderr.strip() or proc.returncode}"
-        )
-    try:
+    with small_tmpfs(tmp_path / "disk", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def _config() -> str:

@@ -7,7 +7,6 @@ where mounting is not permitted), grown by a remount once the first run has fail
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.small_disk import small_tmpfs
 
 from conftest import subprocess_env
 from queue_client.layout import is_temp_name
@@ -26,23 +26,8 @@ WORDS = [f"w{i}" for i in range(500)]
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs under tmp_path, unmounted at the end."""
-    if os.geteuid() != 0:
-        pytest.skip("filling a real filesystem needs a small tmpfs, and mounting one needs root")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        pytest.skip(
-            f"mount -t tmpfs is not permitted here: {proc.stderr.strip() or proc.returncode}"
-        )
-    try:
+    with small_tmpfs(tmp_path / "disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def write_corpus(folder: Path) -> Path:

@@ -81,6 +81,10 @@ def test_one_call_skips_the_steps_on_every_rank_and_across_resumes(
     before = [c.state_dict() for c in clients]  # a checkpoint from before the call
     with pytest.raises(InvalidRequest, match=r"earliest step that can be skipped now is 1[0-9]"):
         clients[0].skip_steps(5, 8)  # in files a rank may have leased already
+    with pytest.raises(InvalidRequest, match=r"steps \[30, 20\) are not a range"):
+        clients[0].skip_steps(30, 20)
+    with pytest.raises(InvalidRequest, match=r"from_step is 16\.5, not a whole number"):
+        clients[0].skip_steps(16.5, 20)  # type: ignore[arg-type]
     more = lockstep(clients, range(2, STEPS), skip_at=2)
     for r in got:
         got[r].update(more[r])

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.failing_datasets import errors_of_failed
 from support.token_files import write_prepared
 
 from conftest import subprocess_env
@@ -149,7 +150,6 @@ def test_a_megatron_index_that_lies_is_refused_naming_file_and_entry(
 def test_lying_starts_fail_their_dataset_on_a_server_naming_the_file(tmp_path: Path) -> None:
     """On a real server (kept up with --keep-serving), each lying index fails its dataset at
     its first file, naming the file and the entry; no row of it is served."""
-    from queue_server.testing import ServerProcess, wait_until
 
     cases = {
         "docs": (prepared_with_starts(tmp_path, [0, 250, 100]), "shard-000000.docs.npy: entry 2"),
@@ -173,25 +173,7 @@ def test_lying_starts_fail_their_dataset_on_a_server_naming_the_file(tmp_path: P
             order = "documents"
             """
         )
-    server = ServerProcess(
-        tmp_path / "server",
-        data_root=tmp_path / "data",
-        config_text=text,
-        args=("--metrics-listen", "127.0.0.1:0", "--keep-serving"),
-        env=subprocess_env(),
-    )
-    try:
-        server.wait_bound(60)
-        errors = wait_until(
-            lambda: (
-                all(server.stats(n)["state"] == "failed" for n in cases)
-                and {n: server.stats(n)["last_error"] for n in cases}
-            ),
-            120,
-            "both datasets to fail",
-        )
-    finally:
-        server.stop()
+    errors = errors_of_failed(tmp_path, text, cases, subprocess_env(), timeout_s=120)
     for name, (_, expect) in cases.items():
         assert expect in errors[name], (name, errors[name])
 

@@ -5,6 +5,7 @@ calls at the same steps change the same seqs whatever the timing."""
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -130,6 +131,9 @@ class SkippingMixin:
         every skip in force. from_step must lie past every file a rank may have leased:
         InvalidRequest naming the earliest step that can be skipped now otherwise."""
         self._check_split(split)
+        for name, value in (("from_step", from_step), ("to_step", to_step)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise errors.InvalidRequest(f"skip_steps: {name} is {value!r}, not a whole number")
         skips = self._step_skips.setdefault(split, StepSkips())
         request = pb.SkipStepsRequest(
             dataset=self.dataset,

@@ -231,7 +231,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             world_size=lease.world_size,
             released=released,
             carries_releases=True,
-            skips=[pb.StepRange(from_step=a, to_step=b) for a, b in queue.skips],
+            skips=_step_ranges(queue.skips),
         )
 
     async def _release_carried(self, request: pb.ReleaseLeaseRequest) -> bool:
@@ -303,9 +303,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
         queue = self._queue(runtime, request.split or "train")
         position = request.position_seq if request.HasField("position_seq") else None
         if request.list_only:
-            return pb.SkipStepsResponse(
-                skips=[pb.StepRange(from_step=a, to_step=b) for a, b in queue.skips]
-            )
+            return pb.SkipStepsResponse(skips=_step_ranges(queue.skips))
         skips = await step_skips.skip_steps(
             queue,
             request.from_step,
@@ -314,7 +312,7 @@ class BatchQueueServicer(pb_grpc.BatchQueueServicer):
             position,
             request.rank,
         )
-        return pb.SkipStepsResponse(skips=[pb.StepRange(from_step=a, to_step=b) for a, b in skips])
+        return pb.SkipStepsResponse(skips=_step_ranges(skips))
 
     @_translate
     async def ExplainStep(
@@ -383,3 +381,8 @@ def _leased_file(queue: SplitQueue, lease_id: str, client_id: str) -> tuple[Path
             f"lease {lease_id!r} belongs to another client, not to {client_id!r}"
         )
     return queue.dir / entry.name, entry.size_bytes, entry.crc32
+
+
+def _step_ranges(skips: list[tuple[int, int]]) -> list[pb.StepRange]:
+    """A split's skipped steps as the wire says them (in every Lease and SkipSteps reply)."""
+    return [pb.StepRange(from_step=a, to_step=b) for a, b in skips]
