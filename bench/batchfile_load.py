@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from queue_client.batchfile import (
+from queue_client.format.batchfile import (
     encode_batch_file,
     load_batch_bytes,
     load_batch_file,

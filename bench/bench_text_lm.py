@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from queue_client.batchfile import write_batch_file
+from queue_client.format.batchfile import write_batch_file
 from queue_providers import ProviderContext, create
-from queue_providers.train_bpe import corpus_texts, train_bpe
+from queue_providers.tokenizer_training.train_bpe import corpus_texts, train_bpe
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

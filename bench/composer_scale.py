@@ -39,7 +39,7 @@ GOAL_TWO = 1.7
 def _candidates(directory: Path, count: int, batches: int, b: int, t: int) -> dict[int, Path]:
     import torch
 
-    from queue_client.batchfile import write_batch_file
+    from queue_client.format.batchfile import write_batch_file
     from queue_providers.histograms import token_histograms
 
     directory.mkdir(parents=True, exist_ok=True)

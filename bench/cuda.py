@@ -85,9 +85,9 @@ def _narrow_into(settings: Settings, n: int) -> tuple[float, float]:
     device buffers, and for a plain pinned copy_ of int64 [B, T] x and y into the same."""
     import torch
 
-    from queue_client.schema import parse_schema
-    from queue_client.storage import BatchCodec
-    from queue_client.transfer import StoredBatch, Transfer
+    from queue_client.format.schema import parse_schema
+    from queue_client.format.storage import BatchCodec
+    from queue_client.streaming.transfer import StoredBatch, Transfer
     from queue_providers.compact import lm_window_schema
 
     codec = BatchCodec(parse_schema(lm_window_schema(T, 65)))

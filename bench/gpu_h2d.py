@@ -90,9 +90,9 @@ def _transfer_rows(corpus: Path, shape: Shape, sizes: Sizes, device: Any, repeat
     """Transfer.deliver and deliver_into alone, against the pinned reference and copy_."""
     import torch
 
-    from queue_client.schema import parse_schema
-    from queue_client.storage import BatchCodec
-    from queue_client.transfer import StoredBatch, Transfer
+    from queue_client.format.schema import parse_schema
+    from queue_client.format.storage import BatchCodec
+    from queue_client.streaming.transfer import StoredBatch, Transfer
     from queue_providers.compact import lm_window_schema
 
     n = sizes.batches_per_file

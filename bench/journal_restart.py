@@ -19,8 +19,8 @@ from pathlib import Path
 from bench.data import Tokens
 from bench.harness import Result, Settings, fmt, median
 from bench.servers import Server, ServerSpec, child_env, dataset_toml, server_toml
-from queue_client.batchfile import BatchFileName
-from queue_client.layout import DatasetLayout
+from queue_client.format.batchfile import BatchFileName
+from queue_client.format.layout import DatasetLayout
 from queue_server.journal import compaction
 from queue_server.journal.file import Journal
 from queue_server.journal.reconcile import fill_state

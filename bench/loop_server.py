@@ -19,7 +19,7 @@ from pathlib import Path
 
 from queue_server.app import create_server
 from queue_server.config.server import ServerConfig, load_config
-from queue_server.parent_watch import stop_with_parent
+from queue_server.host.parent_watch import stop_with_parent
 
 
 async def _serve(config: ServerConfig, ready_file: Path) -> None:

@@ -206,7 +206,7 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
 
 def text_lm_worker_rss(settings: Settings, tokens: Tokens) -> Result:
     """The largest text_lm train worker's RSS with an 8k BPE, from GetStats."""
-    from queue_providers.train_bpe import train_bpe
+    from queue_providers.tokenizer_training.train_bpe import train_bpe
 
     home = settings.workdir / "text_lm_rss"
     tokenizer = train_bpe([str(tokens.text_path)], home / "bpe.json", vocab_size=BPE_VOCAB)

@@ -43,7 +43,7 @@ from queue_providers.prepare import CorpusSpec, PrepareOptions, prepare
 from queue_providers.text.files import discover
 from queue_providers.text.plan import iter_corpus
 from queue_providers.text.readers import ReadOptions
-from queue_providers.train_bpe import train_bpe
+from queue_providers.tokenizer_training.train_bpe import train_bpe
 
 BLOCK_DOCS = 1024
 SHARD_TOKENS = 10_000_000

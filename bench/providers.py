@@ -201,8 +201,8 @@ def run(settings: Settings, tokens: Tokens, found: dict[str, Server]) -> list[Re
 def _bytes_per_token(case: Case, provider: Any, seq: int) -> tuple[float, float, str]:
     """(bytes per token of a file as the provider writes it, of the same batches written in
     format 1, what the file stores)."""
-    from queue_client.batchfile import encode_batch_file, load_batch_bytes
-    from queue_client.schema import FieldSpec
+    from queue_client.format.batchfile import encode_batch_file, load_batch_bytes
+    from queue_client.format.schema import FieldSpec
 
     encoded = provider.make_file("train", seq)
     loaded = load_batch_bytes(encoded.data, case.name)
@@ -257,7 +257,7 @@ def _format_1(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _floor_seconds(data: bytes) -> float:
     """Seconds to stack and encode a file's tensors again: the bytes any provider must write."""
-    from queue_client.batchfile import encode_batch_file, load_batch_bytes
+    from queue_client.format.batchfile import encode_batch_file, load_batch_bytes
 
     loaded = load_batch_bytes(data, "floor")
     batches = {k: list(v.unbind(0)) for k, v in loaded.stored.items()}

@@ -148,7 +148,7 @@ async def _make(backend: Any, seqs: range, root: Path) -> float:
 
 def _queue_dir(root: Path) -> Path:
     """Where every backend here publishes: the split's queue directory, as in a server."""
-    from queue_client.layout import DatasetLayout
+    from queue_client.format.layout import DatasetLayout
 
     return DatasetLayout(root / "data", "bench").queue_dir("train")
 
@@ -172,7 +172,7 @@ def _init(root: Path, text: Path, bpf: int) -> dict[str, Any]:
 
 
 def _settled_meta(init: dict[str, Any]) -> str:
-    from queue_client.meta import meta_to_json
+    from queue_client.format.meta import meta_to_json
     from queue_server.production.provider_init import build_provider
 
     return meta_to_json(build_provider(init).complete_meta())
@@ -193,7 +193,7 @@ def _local(init: dict[str, Any], meta_json: str, root: Path) -> Any:
 
 
 def _ray(init: dict[str, Any], meta_json: str, root: Path, slots: int) -> Any:
-    from queue_server.production.ray_backend import RayBackend
+    from queue_server.production.ray.ray_backend import RayBackend
 
     return RayBackend(
         split="train",

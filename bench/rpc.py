@@ -46,8 +46,8 @@ class _Probe:
     """One client connection to one server, collecting samples in µs."""
 
     def __init__(self, server: Server) -> None:
-        from queue_client.rpc import Rpc
         from queue_client.wire import batchqueue_pb2 as pb
+        from queue_client.wire.rpc import Rpc
 
         self.pb = pb
         self.rpc = Rpc(server.address)

@@ -65,7 +65,7 @@ def _config(settings: Settings, tokens: Tokens) -> str:
 def _meta_only_root(settings: Settings, n: int) -> Path:
     """A root with the built root's meta and input records and nothing else: no journal and
     no file on disk, so the first batch waits for a worker to make it."""
-    from queue_client.layout import DatasetLayout
+    from queue_client.format.layout import DatasetLayout
 
     built = DatasetLayout(settings.workdir / "startup-root", "start")
     root = settings.workdir / f"startup-meta-only-{n}"

@@ -2,7 +2,7 @@
 same vocabulary, each beside its raw encoder on the same documents.
 
 cl100k_base cannot be downloaded here, so both encoders are made from the suite's own text: a
-byte-level BPE trained by `queue_providers.train_bpe` (the `hf` side), and a tiktoken ranks
+byte-level BPE trained by `queue_providers.tokenizer_training.train_bpe` (the `hf` side), and a tiktoken ranks
 file written from that very BPE (its tokens as bytes, its ids as ranks, GPT-2's split regex,
 which is the one the byte-level pre-tokenizer uses): the same vocabulary, and the same ids on
 the documents the row checks (the note gives the share that agree). text_lm reads the file by
@@ -252,7 +252,7 @@ def child(spec_path: Path) -> None:
     from tokenizers import Tokenizer
 
     from queue_providers.tokenizer_sources import gpt2_pattern, read_ranks
-    from queue_providers.train_bpe import corpus_texts, train_bpe
+    from queue_providers.tokenizer_training.train_bpe import corpus_texts, train_bpe
 
     torch.set_num_threads(1)
     spec = json.loads(spec_path.read_text())

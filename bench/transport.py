@@ -80,9 +80,9 @@ def _raw_socket_mb_s(data: bytes, repeats: int) -> float:
 
 
 def _fetch_rows(settings: Settings, server: Server) -> list[Result]:
-    from queue_client.fetch import FileFetcher
-    from queue_client.rpc import Rpc
+    from queue_client.streaming.fetch import FileFetcher
     from queue_client.wire import batchqueue_pb2 as pb
+    from queue_client.wire.rpc import Rpc
 
     rpc = Rpc(server.address)
     client_id = f"bench-fetch-{uuid.uuid4().hex[:8]}"

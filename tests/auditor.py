@@ -25,8 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from queue_client.batchfile import TMP_PREFIX, BatchFileName, quarantine_dir, queue_dir, scan_queue
-from queue_client.layout import temp_owner_pid
+from queue_client.format.batchfile import (
+    TMP_PREFIX,
+    BatchFileName,
+    quarantine_dir,
+    queue_dir,
+    scan_queue,
+)
+from queue_client.format.layout import temp_owner_pid
 
 # The fields that must not move between the two GetStats calls around a disk scan.
 _STABLE = (

@@ -91,7 +91,7 @@ def train_losses(
     split's schema first; the losses, to show a tiny model learns through the queue."""
     import torch
 
-    from queue_client.schema import check_tensors
+    from queue_client.format.schema import check_tensors
 
     opt = torch.optim.Adam(params, lr=lr)
     names = [f.name for f in client.schema("train")]

@@ -153,7 +153,7 @@ def ray_cluster() -> Iterator[RayCluster]:
         from ray.cluster_utils import Cluster
     except ImportError:
         pytest.skip(INSTALL_HINT)
-    from queue_server.production.ray_connect import connect
+    from queue_server.production.ray.ray_connect import connect
 
     without_token_auth()
     with support_on_pythonpath():

@@ -159,7 +159,7 @@ def test_a_batch_size_past_a_batchs_memory_is_refused_and_numpy_sizes_serve(
     from torch.utils.data import DataLoader
 
     from queue_client import QueueDataset
-    from queue_client.rows import MAX_BATCH_BYTES
+    from queue_client.streaming.rows import MAX_BATCH_BYTES
 
     ref = reference(server.address, 2)
     bound = MAX_BATCH_BYTES // 64

@@ -14,9 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queue_client import batchfile as bf
-from queue_client import checksum
-from queue_client.batchfile import (
+from queue_client.errors import CorruptBatchFile
+from queue_client.format import batchfile as bf
+from queue_client.format import checksum
+from queue_client.format.batchfile import (
     BatchFileName,
     encode_batch_file,
     file_crc32,
@@ -25,8 +26,7 @@ from queue_client.batchfile import (
     scan_queue,
     write_batch_file,
 )
-from queue_client.errors import CorruptBatchFile
-from queue_client.layout import DatasetLayout, is_temp_name, remove_temp_files, temp_path
+from queue_client.format.layout import DatasetLayout, is_temp_name, remove_temp_files, temp_path
 
 
 def _tensors(num_batches: int = 3, batch_size: int = 2, width: int = 5) -> dict[str, torch.Tensor]:
@@ -181,7 +181,7 @@ def test_without_zlib_ng_the_checksum_is_zlibs_own() -> None:
 
     code = (
         "import sys, zlib; sys.modules['zlib_ng'] = None\n"
-        "from queue_client import checksum\n"
+        "from queue_client.format import checksum\n"
         "assert checksum.IMPLEMENTATION == 'zlib', checksum.IMPLEMENTATION\n"
         "assert checksum.crc32(b'batchqueue', 7) == zlib.crc32(b'batchqueue', 7)\n"
     )

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from queue_client import batchfile_v3 as v3
-from queue_client.batchfile import (
+from queue_client.format import batchfile_v3 as v3
+from queue_client.format.batchfile import (
     FORMAT_VERSION,
     encode_batch_file,
     load_batch_bytes,
     load_batch_file,
     publish_batch_file,
 )
-from queue_client.schema import DTYPES, torch_dtype
+from queue_client.format.schema import DTYPES, torch_dtype
 
 NAME = "1700000000123-0000000004-2.pt"
 
@@ -193,7 +193,7 @@ def test_a_torch_zip_file_deleted_while_it_is_loaded_is_not_found_not_corrupt(
     """A reader that listed a queue dir while a client's release deleted a file: torch opens
     the zip first and maps it by its name after, so a file deleted between the two gives
     torch's RuntimeError. That is a missing file, not a corrupt one."""
-    from queue_client import batchfile_torch
+    from queue_client.format import batchfile_torch
 
     encoded = encode_batch_file(seq=1, tensors={"x": torch.zeros(2, 3)}, metadata={}, version=1)
     path = tmp_path / "0000000001-0000000001-2.pt"

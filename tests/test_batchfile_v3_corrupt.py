@@ -15,10 +15,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queue_client import batchfile_v3 as v3
-from queue_client.batchfile import encode_batch_file, load_batch_bytes, load_batch_file
 from queue_client.errors import CorruptBatchFile
-from queue_client.schema import DTYPES
+from queue_client.format import batchfile_v3 as v3
+from queue_client.format.batchfile import encode_batch_file, load_batch_bytes, load_batch_file
+from queue_client.format.schema import DTYPES
 
 NAME = "1700000000123-0000000004-2.pt"
 

@@ -14,9 +14,9 @@ import torch
 
 from conftest import char_config
 from queue_client import QueueClient
-from queue_client.batchfile import BatchFile, load_batch_bytes, load_batch_file, scan_queue
-from queue_client.layout import DatasetLayout
-from queue_client.meta import dump_meta, load_meta
+from queue_client.format.batchfile import BatchFile, load_batch_bytes, load_batch_file, scan_queue
+from queue_client.format.layout import DatasetLayout
+from queue_client.format.meta import dump_meta, load_meta
 from queue_providers import ProviderContext, create
 from queue_server.testing import wait_until
 

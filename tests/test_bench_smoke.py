@@ -108,7 +108,7 @@ def test_the_benchmarks_use_only_public_names() -> None:
     assert private_reaches("provider._reader('train', 0)\nself._x\nos._exit(0)") == [
         "1: provider._reader"
     ]
-    assert private_reaches("from queue_client.rows import _x\nimport a._b") == [
+    assert private_reaches("from queue_client.streaming.rows import _x\nimport a._b") == [
         "1: import of _x",
         "2: import of a._b",
     ]

@@ -21,7 +21,8 @@ import torch
 
 from conftest import char_config
 from queue_client import QueueClient
-from queue_client.batchfile import (
+from queue_client.errors import CorruptBatchFile, MetaError, SchemaMismatch
+from queue_client.format.batchfile import (
     FORMAT_VERSION,
     encode_batch_file,
     load_batch_bytes,
@@ -30,17 +31,16 @@ from queue_client.batchfile import (
     scan_queue,
     write_batch_file,
 )
-from queue_client.errors import CorruptBatchFile, MetaError, SchemaMismatch
-from queue_client.layout import DatasetLayout
-from queue_client.meta import dump_meta, load_meta
-from queue_client.schema import FieldSpec, parse_schema
-from queue_client.storage import BatchCodec, stack_stored
-from queue_client.transfer import StoredBatch, Transfer
+from queue_client.format.layout import DatasetLayout
+from queue_client.format.meta import dump_meta, load_meta
+from queue_client.format.schema import FieldSpec, parse_schema
+from queue_client.format.storage import BatchCodec, stack_stored
+from queue_client.streaming.transfer import StoredBatch, Transfer
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_providers import ProviderContext, create
 from queue_providers.compact import lm_window_schema, packed_lm_schema
-from queue_providers.train_bpe import train_bpe
-from queue_providers.verify_diversity import main as verify_main
+from queue_providers.tokenizer_training.train_bpe import train_bpe
+from queue_providers.verify.verify_diversity import main as verify_main
 
 BIG = 66_000  # distinct characters / ids: past what uint16 holds
 WORDS = "amber birch cedar delta ember fjord grove heron inlet juniper kestrel lumen".split()

@@ -16,9 +16,9 @@ from support.device_batches import DATASETS, cpu_copy, datasets_config, fields, 
 
 from conftest import ROOT, char_config, subprocess_env
 from queue_client import QueueClient
-from queue_client.schema import parse_schema
-from queue_client.storage import BatchCodec
-from queue_client.transfer import StoredBatch, Transfer
+from queue_client.format.schema import parse_schema
+from queue_client.format.storage import BatchCodec
+from queue_client.streaming.transfer import StoredBatch, Transfer
 from queue_providers.compact import lm_window_schema
 
 pytestmark = [

@@ -11,8 +11,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from queue_client.batchfile import write_batch_file
 from queue_client.errors import ConfigError
+from queue_client.format.batchfile import write_batch_file
 from queue_providers.histograms import token_histograms
 from queue_server.curriculum.composer import Composer, ComposerSettings
 from queue_server.curriculum.corpus import (

@@ -18,9 +18,9 @@ import torch
 
 from conftest import ServerFactory, ServerProcess, skewed_corpus, wait_until
 from queue_client import QueueClient, errors
-from queue_client.batchfile import scan_queue
 from queue_client.cli import main as cli_main
 from queue_client.errors import ConfigError
+from queue_client.format.batchfile import scan_queue
 from queue_server.config.server import parse_config, tomllib
 from queue_server.curriculum.composer import ComposerSettings
 from queue_server.curriculum.corpus import kl_divergence

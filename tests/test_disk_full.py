@@ -24,7 +24,7 @@ from support.small_disk import small_tmpfs
 
 from conftest import wait_until
 from queue_client import QueueClient
-from queue_client.batchfile import scan_queue
+from queue_client.format.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.journal.file import Journal
 from queue_server.journal.keeper import JournalKeeper, JournalUnwritable

@@ -23,10 +23,10 @@ from support.token_files import write_prepared, write_raw
 
 from conftest import ServerFactory
 from queue_client import InvalidRequest, QueueClient, UnknownDataset, UnknownSplit
-from queue_client.batchfile import load_batch_bytes
 from queue_client.cli import main as cli_main
-from queue_client.rpc import Rpc
+from queue_client.format.batchfile import load_batch_bytes
 from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire.rpc import Rpc
 from queue_providers.base import ProviderContext
 from queue_providers.char_lm import CharLMProvider
 from queue_providers.token_shards.provider import TokenShardsProvider

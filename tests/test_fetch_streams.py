@@ -29,10 +29,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ServerFactory, ServerProcess, wait_until
-from queue_client.fetch import FileFetcher
-from queue_client.rpc import Rpc
+from queue_client.streaming.fetch import FileFetcher
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_client.wire.rpc import Rpc
 from queue_server.rpc.file_stream import CHUNK_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent

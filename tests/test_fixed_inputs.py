@@ -14,7 +14,7 @@ import pytest
 from conftest import ServerFactory, char_config, subprocess_env, wait_until
 from queue_client import QueueClient
 from queue_client.errors import NoBatchReady
-from queue_client.meta import load_meta
+from queue_client.format.meta import load_meta
 
 
 def _built_root(start_server: ServerFactory, corpus: Path) -> str:

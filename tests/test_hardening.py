@@ -19,8 +19,8 @@ from grpc_health.v1 import health_pb2
 from conftest import ServerFactory, subprocess_env, wait_until
 from queue_client import QueueClient, errors
 from queue_client.errors import ConfigError, MetaError
-from queue_client.layout import root_lock_file
-from queue_client.meta import (
+from queue_client.format.layout import root_lock_file
+from queue_client.format.meta import (
     MAX_META_FILE_BYTES,
     dump_meta,
     load_meta,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_client import helper_wire as wire
+from queue_client.helper import helper_wire as wire
 
 frames = st.one_of(
     st.builds(wire.fetch_frame, st.integers(0, 255), st.integers(0, 65535),

@@ -50,7 +50,10 @@ def _modules_after(statement: str) -> set[str]:
             "from queue_client import World, FieldSpec, CorruptBatchFile",
             {"queue_server", "uvloop", "torch"},
         ),
-        ("import queue_client.batchfile, queue_client.meta", {"queue_server", "uvloop", "torch"}),
+        (
+            "import queue_client.format.batchfile, queue_client.format.meta",
+            {"queue_server", "uvloop", "torch"},
+        ),
         ("from queue_client import QueueClient", {"queue_server", "uvloop"}),
         # The frameworks' shared part: each framework comes with its own module only.
         (

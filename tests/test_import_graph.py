@@ -47,7 +47,7 @@ PACKAGES = (
 KNOWN_CYCLES: set[tuple[str, ...]] = {
     # storage.encode imports storage_encode inside the method; storage_encode takes
     # EXCEPTIONS_DTYPE (and BatchCodec's type) from storage.
-    ("queue_client.storage", "queue_client.storage_encode"),
+    ("queue_client.format.storage", "queue_client.format.storage_encode"),
     # RemoteObject names RemoteStore's type; the store makes RemoteObjects.
     ("queue_providers.remote.objects", "queue_providers.remote.store"),
     # SplitQueue's helpers take the SplitQueue itself (its type, under TYPE_CHECKING).

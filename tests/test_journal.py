@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2
 
 from conftest import wait_until
 from queue_client import errors
-from queue_client.batchfile import MAX_SEQ
+from queue_client.format.batchfile import MAX_SEQ
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.journal import records as journal_module
 from queue_server.journal.file import Journal, JournalLost
@@ -285,7 +285,7 @@ def test_a_start_keeps_the_journaled_files_and_removes_the_unjournaled_ones(
     """What a stop can leave: a file a worker published while the server was cancelling its
     job (never journaled), and a consumed file whose deletion the stop overtook. The next
     start keeps exactly the journal's view: nothing journaled is lost, nothing else stays."""
-    from queue_client.batchfile import BatchFileName
+    from queue_client.format.batchfile import BatchFileName
     from queue_server.journal.reconcile import reconcile
     from queue_server.split.state import SplitState
 
@@ -312,8 +312,8 @@ def test_a_clean_stop_leaves_exactly_the_journaled_files(start_server) -> None:
     job, never journaled) is removed by the stop itself, once the workers are gone; every
     journaled file stays. So the next start removes nothing, even one refused for a changed
     input, which must leave the data root as it found it."""
-    from queue_client.batchfile import BatchFileName, scan_queue
-    from queue_client.layout import DatasetLayout
+    from queue_client.format.batchfile import BatchFileName, scan_queue
+    from queue_client.format.layout import DatasetLayout
 
     server = start_server(TINY)
     server.wait_ready_files("d", 2)

@@ -413,7 +413,7 @@ def _read(server: Any, seq: int | None = None) -> tuple[int, list[int]]:
     """Lease rank 0's next file (or `seq`), read its x values, release it CONSUMED."""
     import grpc  # noqa: F401  (the stub's errors surface as grpc.RpcError)
 
-    from queue_client.batchfile import load_batch_file
+    from queue_client.format.batchfile import load_batch_file
     from queue_client.wire import batchqueue_pb2 as pb
 
     request = pb.AcquireLeaseRequest(dataset="s", split="train", client_id="c", wait_ms=20_000)

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import wait_until
 from queue_client import errors
-from queue_client.lane import Lane
+from queue_client.streaming.lane import Lane
 
 
 def _lane_with_held_threads(threads: int) -> tuple[Lane, threading.Event]:

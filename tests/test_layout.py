@@ -1,4 +1,4 @@
-"""The data root's layout: every path named in queue_client.layout, no name that leaves the
+"""The data root's layout: every path named in queue_client.format.layout, no name that leaves the
 root, temp names that say whose they are, and atomic_write / atomic_directory on real files.
 The last section scans the source so that no other module builds such a path by hand."""
 
@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, subprocess_env
-from queue_client.batchfile import BatchFileName
 from queue_client.errors import InvalidRequest
-from queue_client.layout import (
+from queue_client.format.batchfile import BatchFileName
+from queue_client.format.layout import (
     DatasetLayout,
     artifact_array_file,
     artifact_info_file,
@@ -278,7 +278,7 @@ def test_temp_owner_pid(name: str, pid: int | None) -> None:
 def test_temp_names_of_two_processes_never_collide(tmp_path: Path) -> None:
     """Another process names its temp files by its own pid, so it never meets ours."""
     final = tmp_path / "meta.pkl"
-    code = "import sys, os; from pathlib import Path; from queue_client.layout import temp_path;"
+    code = "import sys, os; from pathlib import Path; from queue_client.format.layout import temp_path;"
     code += "print(os.getpid(), temp_path(Path(sys.argv[1])).name)"
     out = subprocess.run(
         [sys.executable, "-c", code, str(final)],
@@ -383,7 +383,7 @@ def test_a_writer_killed_mid_write_leaves_the_old_content(tmp_path: Path) -> Non
     code = textwrap.dedent(
         """
         import sys
-        from queue_client.layout import atomic_write
+        from queue_client.format.layout import atomic_write
 
         def write(f):
             f.write(b"half of the new con")
@@ -473,7 +473,7 @@ def test_of_two_builders_at_once_the_first_to_finish_wins(tmp_path: Path) -> Non
 # ---- the guard: nothing else builds a data-root path by string arithmetic -----------------
 
 SOURCE_ROOTS = ("client", "server", "providers")
-LAYOUT_MODULE = Path("client/queue_client/layout.py")
+LAYOUT_MODULE = Path("client/queue_client/format/layout.py")
 
 # (file, the flagged expression as written) -> why it may stay. Keep this short: a path
 # under the data root belongs in layout.py, not here.
@@ -484,11 +484,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ): "the Hugging Face Trainer's own checkpoint folder, named as the Trainer names it; "
     "outside the data root",
     (
-        "server/queue_server/production/ray_probe.py",
+        "server/queue_server/production/ray/ray_probe.py",
         'Path.home() / ".ray"',
     ): "Ray's own token file in the user's home, read as Ray reads it; outside the data root",
     (
-        "server/queue_server/production/ray_probe.py",
+        "server/queue_server/production/ray/ray_probe.py",
         'Path.home() / ".ray" / "auth_token"',
     ): "Ray's own token file in the user's home, read as Ray reads it; outside the data root",
     (
@@ -585,10 +585,10 @@ def _offenders() -> tuple[list[str], set[tuple[str, str]]]:
 
 
 def test_no_module_builds_a_data_root_path_by_string_arithmetic() -> None:
-    """Every path under the data root comes from queue_client.layout."""
+    """Every path under the data root comes from queue_client.format.layout."""
     offenders, _ = _offenders()
     assert not offenders, (
-        f"{len(offenders)} path(s) built by string arithmetic outside queue_client/layout.py; "
+        f"{len(offenders)} path(s) built by string arithmetic outside queue_client/format/layout.py; "
         "name them in layout.py (DatasetLayout, temp_path, atomic_write), or, for a path "
         "outside the data root, add it to ALLOWED in this file with the reason:\n  "
         + "\n  ".join(offenders)

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import char_config
 from queue_client import QueueClient
-from queue_client.batchfile import BatchFileName
 from queue_client.errors import ConfigError
-from queue_client.layout import DatasetLayout
+from queue_client.format.batchfile import BatchFileName
+from queue_client.format.layout import DatasetLayout
 from queue_server.config.dataset import dataset_from_table
 from queue_server.testing import wait_until
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from queue_client.errors import CorruptBatchFile, MetaError, UnknownSplit
+from queue_client.format.meta import dump_meta
 from queue_client.legacy import LegacyClient
-from queue_client.meta import dump_meta
 
 N, T = 10, 3
 

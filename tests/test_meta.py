@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queue_client.errors import MetaError
-from queue_client.meta import (
+from queue_client.format.meta import (
     REQUIRED_KEYS,
     TrainingType,
     dump_meta,
@@ -25,7 +25,7 @@ from queue_client.meta import (
     split_schema,
     validate_meta,
 )
-from queue_client.schema import FieldSpec
+from queue_client.format.schema import FieldSpec
 
 
 class _TouchOnUnpickle:

@@ -106,7 +106,7 @@ def test_sources_of_different_batches_are_refused_naming_the_difference(tmp_path
 def test_text_lm_sources_share_one_tokenizer(tmp_path: Path) -> None:
     """The same tokenizer file at two paths is one tokenizer; another file, another kind, or
     'char' (a vocabulary of its own corpus) beside another text_lm source is refused."""
-    from queue_providers.train_bpe import train_bpe
+    from queue_providers.tokenizer_training.train_bpe import train_bpe
 
     corpus = tmp_path / "t.txt"
     corpus.write_text("hello world, the queue serves\n\n" * 50, encoding="utf-8")

@@ -19,8 +19,8 @@ from test_mixture_streaming import B as SB
 
 from conftest import wait_until
 from queue_client import QueueClient
-from queue_client.layout import DatasetLayout
-from queue_client.mixture_epochs import read_epoch_starts
+from queue_client.format.layout import DatasetLayout
+from queue_client.format.mixture_epochs import read_epoch_starts
 
 # A Ray worker that imports torch takes a minute and more to make a first file on a loaded
 # 2-core machine; each wait below is on a condition, and this only bounds a hung test.

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from queue_client.batchfile import load_batch_bytes
+from queue_client.format.batchfile import load_batch_bytes
 from queue_providers import ProviderContext
 from queue_providers.mixture import MixtureProvider
 
@@ -91,8 +91,8 @@ def test_a_source_of_packed_documents_is_decoded_and_encoded(tmp_path: Path) -> 
 def test_a_window_provider_hands_over_what_its_file_stores(tmp_path: Path, kind: str) -> None:
     """stored_tensors (what a mixture copies rows from) is what make_file encodes: the same
     names, dtypes and values, for either sampling of token_shards and for char_lm."""
-    from queue_client import batchfile_v3
-    from queue_client.batchfile import FORMAT_VERSION
+    from queue_client.format import batchfile_v3
+    from queue_client.format.batchfile import FORMAT_VERSION
     from queue_providers import create
 
     if kind == "char_lm":

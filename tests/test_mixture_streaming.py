@@ -30,15 +30,15 @@ from support.mixture_reads import read_positioned
 
 from conftest import SUPPORT, ServerFactory, wait_until
 from queue_client import QueueClient
-from queue_client.batchfile import load_batch_bytes
 from queue_client.cli import main as cli_main
+from queue_client.format.batchfile import load_batch_bytes
+from queue_client.format.mixture_epochs import read_epoch_starts
 from queue_client.mixture import RowSchedule, WeightPlan
-from queue_client.mixture_epochs import read_epoch_starts
 from queue_providers import create
 from queue_providers.base import ProviderContext
 from queue_providers.mixture.sources import build_sources, source_meta
 from queue_providers.seeding import derive_seed
-from queue_providers.train_bpe import train_bpe
+from queue_providers.tokenizer_training.train_bpe import train_bpe
 from queue_server.mixture.epochs import record_epoch_starts
 from queue_server.testing import ServerExited, ServerProcess
 

@@ -31,7 +31,7 @@ from client_process import ClientProcess
 
 from conftest import SUPPORT, ServerFactory, tiny_corpus
 from queue_client import InvalidRequest, NotServed, QueueClient
-from queue_client.layout import DatasetLayout
+from queue_client.format.layout import DatasetLayout
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.testing import ServerProcess
 

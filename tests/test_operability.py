@@ -25,7 +25,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from conftest import ServerFactory, char_config, process_gone, subprocess_env, wait_until
-from queue_client.layout import is_temp_name
+from queue_client.format.layout import is_temp_name
 from queue_server.app import health_name
 from queue_server.production.preparation import Preparation
 from queue_server.testing import ServerProcess
@@ -52,7 +52,7 @@ def table(name: str, provider: str, args: str = "") -> str:
 
 
 def temp_files(root: Path) -> list[str]:
-    """Every temp name (queue_client.layout's) anywhere under `root`."""
+    """Every temp name (queue_client.format.layout's) anywhere under `root`."""
     return [
         os.path.join(here, name)
         for here, dirs, files in os.walk(root)

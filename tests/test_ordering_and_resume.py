@@ -20,7 +20,7 @@ from client_process import ClientProcess
 
 from conftest import SUPPORT, ServerFactory, wait_until
 from queue_client import NoBatchReady, QueueClient
-from queue_client.batchfile import scan_queue
+from queue_client.format.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 
 NB = 5  # batches per file in these tests

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import process_gone, process_tree, subprocess_env
 from queue_providers.prepare.layout import MANIFEST_FILE, PROGRESS_FILE
-from queue_providers.train_bpe import train_bpe
+from queue_providers.tokenizer_training.train_bpe import train_bpe
 
 WORDS = (
     "the queue serves batches while the trainer learns from every token of a corpus "

@@ -17,7 +17,7 @@ import pytest
 from support.small_disk import small_tmpfs
 
 from conftest import subprocess_env
-from queue_client.layout import is_temp_name
+from queue_client.format.layout import is_temp_name
 from queue_providers.prepare.layout import MANIFEST_FILE, PROGRESS_FILE
 
 WORDS = [f"w{i}" for i in range(500)]

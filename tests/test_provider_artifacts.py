@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from queue_client.errors import MetaError
-from queue_client.layout import DatasetLayout
+from queue_client.format.layout import DatasetLayout
 from queue_providers import ProviderContext
 from queue_providers.tokenized.artifacts import cached_arrays, load_artifacts
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from queue_client.batchfile import load_batch_file, scan_queue
 from queue_client.errors import ConfigError, MetaError, SchemaMismatch
-from queue_client.meta import validate_meta
+from queue_client.format.batchfile import load_batch_file, scan_queue
+from queue_client.format.meta import validate_meta
 from queue_providers import registry
 from queue_providers.base import DataProviderBase, ProviderContext, derive_seed
 from queue_providers.char_lm import CharLMProvider

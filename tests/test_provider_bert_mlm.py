@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from conftest import train_losses
-from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError, MetaError, SchemaMismatch
-from queue_client.meta import split_schema
-from queue_client.schema import check_tensors
+from queue_client.format.batchfile import load_batch_file
+from queue_client.format.meta import split_schema
+from queue_client.format.schema import check_tensors
 from queue_providers import ProviderContext, create
-from queue_providers.train_wordpiece import main as train_wordpiece_main
-from queue_providers.train_wordpiece import train_wordpiece
+from queue_providers.tokenizer_training.train_wordpiece import main as train_wordpiece_main
+from queue_providers.tokenizer_training.train_wordpiece import train_wordpiece
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -279,7 +279,7 @@ def test_train_wordpiece_command_makes_a_tokenizer_bert_mlm_uses(tmp_path: Path)
     cmd = [
         sys.executable,
         "-m",
-        "queue_providers.train_wordpiece",
+        "queue_providers.tokenizer_training.train_wordpiece",
         "--input",
         str(text),
         "--vocab-size",

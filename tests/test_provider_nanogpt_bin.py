@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import train_losses
-from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError
+from queue_client.format.batchfile import load_batch_file
 from queue_providers import ProviderContext, create
 from queue_providers import nanogpt_bin as nb
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from queue_client.batchfile import load_batch_file
+from queue_client.format.batchfile import load_batch_file
 from queue_providers import ProviderContext, create
 from queue_providers.seeding import derive_seed, torch_generator
 

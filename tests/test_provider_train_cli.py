@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from queue_providers import train_bpe, train_wordpiece
+from queue_providers.tokenizer_training import train_bpe, train_wordpiece
 
 TOOLS: dict[str, Callable[[list[str] | None], int]] = {
     "train_bpe": train_bpe.main,

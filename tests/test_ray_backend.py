@@ -23,11 +23,11 @@ from ray_cluster import PINNED_LABEL, SUPPORT, RayCluster
 
 from conftest import subprocess_env, tiny_corpus
 from queue_client.errors import ConfigError
-from queue_client.meta import meta_from_json, meta_to_json
+from queue_client.format.meta import meta_from_json, meta_to_json
 from queue_server.config.server import DatasetConfig
 from queue_server.production.backend import ProducedFile, ProduceFailed, ProduceJob, SlotDied
 from queue_server.production.provider_init import build_provider
-from queue_server.production.ray_backend import RayBackend
+from queue_server.production.ray.ray_backend import RayBackend
 
 # A Ray worker that imports torch takes a minute and more to make a first file on a loaded
 # 2-core machine; each wait below is on a condition, and this only bounds a hung test.
@@ -277,7 +277,7 @@ def test_an_unreachable_ray_address_fails_fast_naming_it() -> None:
     proc = run_python(
         """
         import socket, time
-        from queue_server.production.ray_connect import (
+        from queue_server.production.ray.ray_connect import (
             CONNECT_TIMEOUT_S, RayUnavailable, connect, import_ray
         )
 
@@ -317,7 +317,7 @@ def test_without_ray_the_backend_says_how_to_install_it(tmp_path: Path) -> None:
         import asyncio, sys
         sys.modules["ray"] = None  # as if Ray were not installed
         from queue_client.errors import ConfigError
-        from queue_server.production.ray_backend import RayBackend
+        from queue_server.production.ray.ray_backend import RayBackend
 
         backend = RayBackend(split="train", directory={str(tmp_path)!r}, init={{}},
                              meta_json="{{}}", cwd={str(tmp_path)!r}, slots=1)

@@ -164,7 +164,7 @@ def test_a_head_that_refuses_the_servers_token_is_named_within_15_s(
     head = ray_head(free_port(), subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
     join = (
         "import sys, time\n"
-        "from queue_server.production.ray_connect import CONNECT_TIMEOUT_S, RayUnavailable, connect\n"
+        "from queue_server.production.ray.ray_connect import CONNECT_TIMEOUT_S, RayUnavailable, connect\n"
         "began = time.monotonic()\n"
         "try:\n"
         "    connect(sys.argv[1])\n"

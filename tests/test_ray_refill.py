@@ -26,7 +26,7 @@ from auditor import audit
 from ray_serving import BPF, in_order, positions, read_batches, read_out, reader, state_of
 
 from conftest import ServerFactory, char_config, wait_until
-from queue_server.production.ray_calls import stall_message
+from queue_server.production.ray.ray_calls import stall_message
 from queue_server.testing import ServerProcess
 
 # Normal-priority processes that keep the instance's core busy: about 0.6% of it is left for

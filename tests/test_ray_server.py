@@ -31,7 +31,7 @@ from ray_serving import (
 )
 
 from conftest import ServerFactory, char_config, process_tree, subprocess_env, wait_until
-from queue_server.production.ray_connect import CONNECT_TIMEOUT_S
+from queue_server.production.ray.ray_connect import CONNECT_TIMEOUT_S
 from queue_server.testing import ServerProcess
 
 # A Ray worker that imports torch takes a minute and more to make a first file on a loaded

@@ -14,7 +14,7 @@ import torch
 
 from conftest import char_config, wait_until
 from queue_client import QueueClient
-from queue_client.readahead import ReadAhead, read_ahead_for
+from queue_client.streaming.readahead import ReadAhead, read_ahead_for
 
 B, T = 4, 16
 

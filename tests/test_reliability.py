@@ -28,8 +28,8 @@ from grpc_health.v1 import health_pb2
 
 from conftest import ServerFactory, ServerProcess, subprocess_env, wait_until
 from queue_client import QueueClient, errors
-from queue_client.batchfile import TMP_PREFIX, BatchFileName, load_batch_file, scan_queue
-from queue_client.layout import is_temp_of
+from queue_client.format.batchfile import TMP_PREFIX, BatchFileName, load_batch_file, scan_queue
+from queue_client.format.layout import is_temp_of
 from queue_client.wire import batchqueue_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

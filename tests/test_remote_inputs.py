@@ -30,7 +30,7 @@ from support.s3_server import CREDENTIALS, NO_AMBIENT_CREDENTIALS, S3Server, fre
 from conftest import ROOT, subprocess_env, wait_until
 from queue_client import QueueClient
 from queue_client.errors import ConfigError
-from queue_client.meta import load_meta
+from queue_client.format.meta import load_meta
 from queue_providers import ProviderContext, create
 from queue_providers.inputs import describe_inputs
 from queue_providers.remote import (

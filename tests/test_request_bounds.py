@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from conftest import char_config
 from queue_client import QueueClient, errors
-from queue_client.batchfile import MAX_SEQ, BatchFileName
-from queue_client.layout import DatasetLayout
-from queue_client.resume import plan_resume
+from queue_client.format.batchfile import MAX_SEQ, BatchFileName
+from queue_client.format.layout import DatasetLayout
+from queue_client.streaming.resume import plan_resume
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import MAX_WORLD_SIZE, World
 from queue_server.config.served_ranks import MAX_WORLD_SIZE as SERVER_MAX_WORLD_SIZE

@@ -10,8 +10,8 @@ import torch
 
 from conftest import char_config, wait_until
 from queue_client import QueueClient
-from queue_client.batchfile import scan_queue
-from queue_client.layout import DatasetLayout
+from queue_client.format.batchfile import scan_queue
+from queue_client.format.layout import DatasetLayout
 
 
 def test_a_trainer_restarted_without_its_state_reads_from_the_start_again(

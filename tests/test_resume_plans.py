@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queue_client.errors import InvalidRequest
-from queue_client.resume import StreamPlan, elastic_plan, plan_resume
+from queue_client.streaming.resume import StreamPlan, elastic_plan, plan_resume
 from queue_client.world import World
 
 NB = 4  # batches per file

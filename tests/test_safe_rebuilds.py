@@ -13,7 +13,7 @@ import torch
 
 from conftest import char_config, subprocess_env, tiny_corpus, wait_until
 from queue_client import QueueClient
-from queue_client.meta import load_meta
+from queue_client.format.meta import load_meta
 from queue_providers.inputs import describe_inputs, inputs_fingerprint
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

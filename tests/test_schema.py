@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from queue_client.errors import MetaError, SchemaMismatch
-from queue_client.schema import (
+from queue_client.format.schema import (
     DTYPES,
     FieldSpec,
     check_tensors,

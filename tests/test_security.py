@@ -30,7 +30,7 @@ from grpc_health.v1 import health_pb2
 
 from conftest import ServerFactory, ServerProcess, char_config, run_client_script, wait_until
 from queue_client import QueueClient, errors
-from queue_client.batchfile import load_batch_file, scan_queue
+from queue_client.format.batchfile import load_batch_file, scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -272,7 +272,7 @@ def test_a_lease_naming_a_path_out_of_the_root_is_refused_before_any_read(
     """What a rogue server could send: a lease whose path climbs out of the data root. The
     client's file map refuses it with PermissionDenied, whatever its form, before reading
     anything (a file of the lease's size lies there)."""
-    from queue_client.file_map import map_leased
+    from queue_client.streaming.file_map import map_leased
 
     root = tmp_path / "data"
     (root / "chars" / "queue" / "train").mkdir(parents=True)

@@ -19,14 +19,14 @@ import pytest
 
 from conftest import char_config, run_client_script, subprocess_env, wait_until
 from queue_client import QueueClient
-from queue_client.batchfile import scan_queue
 from queue_client.errors import ConfigError
-from queue_client.layout import DatasetLayout, is_temp_name
+from queue_client.format.batchfile import scan_queue
+from queue_client.format.layout import DatasetLayout, is_temp_name
 from queue_server import DatasetConfig, ServeError, ServerConfig, parse_config, serve, serve_async
 from queue_server.config.tables import server_tables
+from queue_server.host.root_lock import DataRootLock
 from queue_server.inprocess import CHILD_COMMAND
 from queue_server.journal.file import Journal
-from queue_server.root_lock import DataRootLock
 
 if sys.version_info >= (3, 11):
     import tomllib

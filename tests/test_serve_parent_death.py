@@ -83,7 +83,7 @@ def test_a_process_forked_from_the_caller_does_not_keep_the_pipe_open() -> None:
     proc = run_client_script(
         """
         import os, select
-        from queue_server.parent_watch import ParentPipe
+        from queue_server.host.parent_watch import ParentPipe
 
         pipe = ParentPipe()
         watched = os.dup(pipe.read_fd)

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2
 
 from conftest import ServerFactory, char_config, run_client_script, tiny_corpus, wait_until
 from queue_client import QueueClient, SchemaMismatch
-from queue_client.batchfile import scan_queue
+from queue_client.format.batchfile import scan_queue
 from queue_client.wire import batchqueue_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

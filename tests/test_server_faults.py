@@ -23,7 +23,7 @@ from conftest import (
     wait_until,
 )
 from queue_client import QueueClient, errors
-from queue_client.batchfile import load_batch_file, scan_queue
+from queue_client.format.batchfile import load_batch_file, scan_queue
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # A failed dataset stops the server (exit 2) unless told to keep serving the others.

@@ -136,8 +136,8 @@ def test_a_skip_from_rank_0_reaches_the_ranks_of_every_server(start_server, tmp_
 
 
 def test_a_plan_advanced_by_rows_and_the_files_it_passes_over() -> None:
-    from queue_client.resume import StreamPlan
-    from queue_client.skipping import StepSkips, advanced, passed_over
+    from queue_client.streaming.resume import StreamPlan
+    from queue_client.streaming.skipping import StepSkips, advanced, passed_over
 
     plain = StreamPlan(((4, 2),), 6)  # rank 0 of 2, 6 rows a file, 2 rows into seq 4
     assert advanced(plain, 3, 6, 2) == StreamPlan(((4, 5),), 6)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from queue_client.schema import parse_schema
-from queue_client.staging_layout import Layout, fuse
-from queue_client.staging_ring import MIN_SLOT_BYTES, StagingRing, slot_bytes
-from queue_client.storage import BatchCodec
-from queue_client.transfer import StoredBatch, Transfer
+from queue_client.format.schema import parse_schema
+from queue_client.format.storage import BatchCodec
+from queue_client.streaming.staging_layout import Layout, fuse
+from queue_client.streaming.staging_ring import MIN_SLOT_BYTES, StagingRing, slot_bytes
+from queue_client.streaming.transfer import StoredBatch, Transfer
 from queue_providers.compact import lm_window_schema
 
 

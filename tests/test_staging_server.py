@@ -14,7 +14,7 @@ from support.device_batches import DATASETS, cpu_copy, cpu_ring, datasets_config
 
 from conftest import ServerFactory, tiny_corpus
 from queue_client import QueueClient
-from queue_client.transfer import Transfer
+from queue_client.streaming.transfer import Transfer
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 from conftest import ServerFactory, char_config, subprocess_env, tiny_corpus, wait_until
 from queue_client import QueueClient
 from queue_client.cli import main
-from queue_client.layout import DatasetLayout
+from queue_client.format.layout import DatasetLayout
 
 # char_config: batch_size 4, block_size 16, batches_per_file 5.
 TOKENS_PER_FILE = 5 * 4 * 16

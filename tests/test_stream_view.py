@@ -9,7 +9,7 @@ import pytest
 
 from conftest import char_config, wait_until
 from queue_client import QueueClient, UnknownSplit
-from queue_client.stream import StreamView
+from queue_client.streaming.stream import StreamView
 
 NB = 5  # batches per file
 

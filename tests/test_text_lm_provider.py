@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError, MetaError
+from queue_client.format.batchfile import load_batch_file
 from queue_providers import ProviderContext, create
 from queue_providers.text.errors import CorpusError
-from queue_providers.train_bpe import train_bpe
+from queue_providers.tokenizer_training.train_bpe import train_bpe
 
 WORDS = "amber birch cedar delta ember fjord grove heron inlet juniper kestrel lumen".split()
 DOC_ID = re.compile(r"D(\d{4})#")

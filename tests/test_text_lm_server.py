@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 
 from conftest import wait_until
-from queue_client.batchfile import load_batch_file, scan_queue
 from queue_client.client import QueueClient
-from queue_client.layout import DatasetLayout
+from queue_client.format.batchfile import load_batch_file, scan_queue
+from queue_client.format.layout import DatasetLayout
 from queue_providers import ProviderContext, create
-from queue_providers.verify_diversity import main as verify
+from queue_providers.verify.verify_diversity import main as verify
 
 WORDS = "quartz basalt marble slate granite flint shale chalk jasper onyx agate opal".split()
 

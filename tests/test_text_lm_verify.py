@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from queue_client.batchfile import load_batch_file, queue_dir, write_batch_file
-from queue_client.meta import dump_meta
+from queue_client.format.batchfile import load_batch_file, queue_dir, write_batch_file
+from queue_client.format.meta import dump_meta
 from queue_providers import ProviderContext, create
-from queue_providers.verify_diversity import DiversityCheck, main
+from queue_providers.verify.verify_diversity import DiversityCheck, main
 
 WORDS = "north south east west river stone cloud field lantern harbor meadow ridge".split()
 

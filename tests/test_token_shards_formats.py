@@ -10,8 +10,8 @@ import pytest
 import torch
 from support.token_files import write_llmc, write_megatron, write_npy_bad, write_prepared, write_raw
 
-from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError
+from queue_client.format.batchfile import load_batch_file
 from queue_providers import ProviderContext, create
 from queue_providers import inputs as inputs_module
 from queue_providers.inputs import describe_inputs

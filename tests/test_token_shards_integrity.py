@@ -17,8 +17,8 @@ from support.failing_datasets import errors_of_failed
 from support.token_files import write_prepared
 
 from conftest import subprocess_env
-from queue_client.batchfile import load_batch_file
 from queue_client.errors import ConfigError
+from queue_client.format.batchfile import load_batch_file
 from queue_providers import ProviderContext, create
 
 T = 8

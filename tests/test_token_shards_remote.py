@@ -14,7 +14,7 @@ import torch
 from support.s3_server import CREDENTIALS, NO_AMBIENT_CREDENTIALS, S3Server
 from support.token_files import write_llmc, write_megatron, write_prepared
 
-from queue_client.batchfile import load_batch_file
+from queue_client.format.batchfile import load_batch_file
 from queue_providers import ProviderContext, create
 from queue_providers.inputs import describe_inputs
 

@@ -22,7 +22,7 @@ from queue_client.client import QueueClient
 from queue_client.errors import ConfigError
 from queue_providers import ProviderContext, create
 from queue_providers.inputs import check_inputs, describe_inputs
-from queue_providers.train_bpe import train_bpe
+from queue_providers.tokenizer_training.train_bpe import train_bpe
 from queue_server.testing import ServerExited
 
 WORDS = "the then there thin thing this in ink inn ten tent net".split()

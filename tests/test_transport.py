@@ -29,13 +29,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import ServerFactory, ServerProcess, subprocess_env, tiny_corpus, wait_until
 from queue_client import QueueClient, errors
-from queue_client.batchfile import load_batch_file, scan_queue
-from queue_client.fetch import FileFetcher
-from queue_client.layout import root_id_file
-from queue_client.rpc import Rpc
-from queue_client.stream import LeaseRef
+from queue_client.format.batchfile import load_batch_file, scan_queue
+from queue_client.format.layout import root_id_file
+from queue_client.streaming.fetch import FileFetcher
+from queue_client.streaming.stream import LeaseRef
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_client.wire.rpc import Rpc
 from queue_server.app import ensure_root_id
 from queue_server.config.server import parse_config
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from queue_client.batchfile import queue_dir
-from queue_client.meta import dump_meta
+from queue_client.format.batchfile import queue_dir
+from queue_client.format.meta import dump_meta
 from queue_providers import ProviderContext, create
-from queue_providers.near_duplicates import NearDuplicates, Place, shingle_hashes
-from queue_providers.verify_diversity import main
+from queue_providers.verify.near_duplicates import NearDuplicates, Place, shingle_hashes
+from queue_providers.verify.verify_diversity import main
 
 EVAL_TAKE = 20
 

@@ -8,8 +8,9 @@ import grpc
 import pytest
 
 import queue_client
-from queue_client import codes, errors
+from queue_client import errors
 from queue_client.errors import InvalidRequest
+from queue_client.wire import codes
 from queue_client.world import World
 
 # ---- World --------------------------------------------------------------------------------

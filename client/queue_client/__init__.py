@@ -25,7 +25,7 @@ from queue_client.errors import (
     UnknownLease,
     UnknownSplit,
 )
-from queue_client.schema import FieldSpec
+from queue_client.format.schema import FieldSpec
 from queue_client.world import World
 
 if TYPE_CHECKING:

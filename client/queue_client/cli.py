@@ -38,9 +38,9 @@ from queue_client.cli_render import (
     _render_stats,
 )
 from queue_client.explain import explain_request, explained_rows
-from queue_client.meta import meta_from_json
-from queue_client.rpc import Rpc
+from queue_client.format.meta import meta_from_json
 from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire.rpc import Rpc
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 ADDRESS_ENV = "BATCHQUEUE_ADDRESS"

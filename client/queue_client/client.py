@@ -25,23 +25,23 @@ from typing import Any
 import torch
 
 from queue_client import errors
-from queue_client.batchfile import check_dataset_name, check_split_name
 from queue_client.explain import ExplainMixin
-from queue_client.fetch import FileFetcher, check_transport, choose_transport
-from queue_client.helper_link import HelperLink, helper_client_kwargs
-from queue_client.helper_stream import open_helper_stream
-from queue_client.leasing import LeaseMixin
-from queue_client.meta import meta_from_json, split_schema
-from queue_client.resume import STATE_VERSION, StreamPlan, plan_resume
-from queue_client.rows import batch_size_of, rows_dependence
-from queue_client.rpc import Rpc
-from queue_client.schema import FieldSpec
-from queue_client.skipping import StepSkips, step_of
+from queue_client.format.batchfile import check_dataset_name, check_split_name
+from queue_client.format.meta import meta_from_json, split_schema
+from queue_client.format.schema import FieldSpec
+from queue_client.format.storage import codec_for
+from queue_client.helper.helper_link import HelperLink, helper_client_kwargs
+from queue_client.helper.helper_stream import open_helper_stream
 from queue_client.steering import SkippingMixin, SteeringMixin
-from queue_client.storage import codec_for
-from queue_client.stream import LeaseRef, SplitStream, StreamView
-from queue_client.transfer import Transfer
+from queue_client.streaming.fetch import FileFetcher, check_transport, choose_transport
+from queue_client.streaming.leasing import LeaseMixin
+from queue_client.streaming.resume import STATE_VERSION, StreamPlan, plan_resume
+from queue_client.streaming.rows import batch_size_of, rows_dependence
+from queue_client.streaming.skipping import StepSkips, step_of
+from queue_client.streaming.stream import LeaseRef, SplitStream, StreamView
+from queue_client.streaming.transfer import Transfer
 from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire.rpc import Rpc
 from queue_client.world import World
 
 log = logging.getLogger("queue_client")

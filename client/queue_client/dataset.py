@@ -38,8 +38,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from queue_client.client import Batch, QueueClient
 from queue_client.errors import InvalidRequest
-from queue_client.resume import STATE_VERSION
-from queue_client.rows import batch_size_of
+from queue_client.streaming.resume import STATE_VERSION
+from queue_client.streaming.rows import batch_size_of
 from queue_client.world import World
 
 State = Mapping[str, Any] | Sequence[Mapping[str, Any]]

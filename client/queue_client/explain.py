@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from queue_client.rpc import Rpc
 from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire.rpc import Rpc
 from queue_client.world import World
 
 ROW_FIELDS = ("seq", "row", "source", "file", "token_offset", "document")

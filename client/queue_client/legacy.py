@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from queue_client.errors import CorruptBatchFile, MetaError, UnknownSplit
-from queue_client.layout import META_FILE
-from queue_client.meta import load_meta
-from queue_client.transfer import Transfer
+from queue_client.format.layout import META_FILE
+from queue_client.format.meta import load_meta
+from queue_client.streaming.transfer import Transfer
 
 
 class LegacyClient:

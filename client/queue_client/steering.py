@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from queue_client import errors
 from queue_client.mixture import is_weight_number
-from queue_client.resume import StreamPlan
-from queue_client.rpc import Rpc
-from queue_client.skipping import StepSkips, advanced, passed_over
-from queue_client.stream import SplitStream
+from queue_client.streaming.resume import StreamPlan
+from queue_client.streaming.skipping import StepSkips, advanced, passed_over
+from queue_client.streaming.stream import SplitStream
 from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire.rpc import Rpc
 from queue_client.world import World
 
 log = logging.getLogger("queue_client")
@@ -100,7 +100,7 @@ class SteeringMixin:
 
 class SkippingMixin:
     """SkipSteps for QueueClient: skip global steps on every rank, and apply the skips the
-    server reports (queue_client/skipping.py) to this client's streams."""
+    server reports (queue_client/streaming/skipping.py) to this client's streams."""
 
     dataset: str
     world: World

@@ -6,7 +6,7 @@ server runs providers in worker processes and decides *which* seq each worker pr
 backpressure and ordering live in the server, not here.
 
 Storage: a file stores what each schema field's `storage` says (narrow token ids, x and y as
-one window, no derivable masks; queue_client/storage.py), in batch file format version 3.
+one window, no derivable masks; queue_client/format/storage.py), in batch file format version 3.
 sample_batch still returns the served fields; make_file encodes them and checks that they
 read back identically. A dataset dir keeps writing the format its meta records
 ("batch_format_version": 2 keeps torch.save zips of the same storage); one whose meta
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from queue_client.batchfile import (
+from queue_client.errors import MetaError
+from queue_client.format.batchfile import (
     FORMAT_VERSION,
     VERSIONS,
     EncodedBatchFile,
@@ -42,11 +43,10 @@ from queue_client.batchfile import (
     encode_batch_file,
     publish_batch_file,
 )
-from queue_client.errors import MetaError
-from queue_client.layout import DatasetLayout
-from queue_client.meta import split_schema, validate_meta
-from queue_client.schema import FieldSpec, check_tensors
-from queue_client.storage import BatchCodec, codec_for
+from queue_client.format.layout import DatasetLayout
+from queue_client.format.meta import split_schema, validate_meta
+from queue_client.format.schema import FieldSpec, check_tensors
+from queue_client.format.storage import BatchCodec, codec_for
 from queue_providers.histograms import token_histograms
 from queue_providers.inputs import Input, describe_inputs, inputs_fingerprint, path_args
 from queue_providers.seeding import derive_seed, torch_generator

@@ -2,7 +2,7 @@
 
 The corpus (non-blank lines of the input files, or of the text_column of a Hugging Face
 dataset's rows, `hf_dataset`) is tokenized once with a WordPiece vocab
-(vocab.txt or tokenizer.json; `python -m queue_providers.train_wordpiece` trains one) and the
+(vocab.txt or tokenizer.json; `python -m queue_providers.tokenizer_training.train_wordpiece` trains one) and the
 ids are cached under the dataset dir, so worker processes map them instead of tokenizing again.
 
 Rows: with pairs = false, [CLS] + a random window of block_size-2 tokens of the corpus (lines

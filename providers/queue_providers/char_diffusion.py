@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError
+from queue_client.format.batchfile import EncodedBatchFile
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.char_lm import stdlib_corpus
 from queue_providers.compact import labels, token_ids

@@ -2,7 +2,7 @@
 
 A batch file stores token ids in the narrowest unsigned dtype that holds the vocabulary,
 labels that may be -100 in the narrowest signed one, x and y of an LM as one window of T+1
-tokens, and no field that the others determine (queue_client/storage.py serves them). What
+tokens, and no field that the others determine (queue_client/format/storage.py serves them). What
 get_batch hands the trainer keeps the served dtype of each field; only the bytes on disk, in
 the page cache and on the way to a GPU shrink.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_client.schema import (
+from queue_client.format.schema import (
     AFTER_FIRST,
     LENGTH_MASK,
     NEXT_TOKEN,

@@ -1,5 +1,5 @@
 """The per-batch token histograms a curriculum split's candidate files carry (CSR form,
-client/queue_client/FORMAT.md), which its composer scores batches by. numpy alone: a worker
+client/queue_client/format/FORMAT.md), which its composer scores batches by. numpy alone: a worker
 that makes its files without torch (char_lm) makes these without it too."""
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError
-from queue_client.meta import loads_plain
+from queue_client.format.batchfile import EncodedBatchFile
+from queue_client.format.meta import loads_plain
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema
 from queue_providers.inputs import Input

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from queue_client.batchfile import EncodedBatchFile
 from queue_client.errors import ConfigError, MetaError
+from queue_client.format.batchfile import EncodedBatchFile
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import packed_lm_schema
 from queue_providers.inputs import Input

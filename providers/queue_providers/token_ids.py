@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from queue_client.errors import SchemaMismatch
-from queue_client.schema import FieldSpec
+from queue_client.format.schema import FieldSpec
 
 if TYPE_CHECKING:
     import torch

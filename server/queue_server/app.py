@@ -30,14 +30,17 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from queue_client.errors import ConfigError
-from queue_client.layout import atomic_write, root_id_file
+from queue_client.format.layout import atomic_write, root_id_file
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.config.server import ServerConfig, parse_listen
 from queue_server.dataset import FAILED, SERVING, DatasetRuntime
-from queue_server.production import ray_connect
+from queue_server.host.root_lock import DataRootLock
+from queue_server.host.tcp_port import check_free, listen_error
+from queue_server.host.temp_sweep import remove_orphan_temp_files
+from queue_server.host.unix_socket import claim_socket_path, remove_socket, socket_identity
 from queue_server.production.forkserver_start import start_forkserver
+from queue_server.production.ray import ray_connect
 from queue_server.production.worker_imports import datasets_need_torch
-from queue_server.root_lock import DataRootLock
 from queue_server.rpc.auth import TokenInterceptor
 from queue_server.rpc.fetch_streams import FetchStreams
 from queue_server.rpc.metrics import MetricsServer
@@ -45,9 +48,6 @@ from queue_server.rpc.request_decoding import DecodingGuard, add_servicer
 from queue_server.rpc.servicer import BatchQueueServicer
 from queue_server.split.leases import LeaseDirectory
 from queue_server.split.queue import SplitQueue
-from queue_server.tcp_port import check_free, listen_error
-from queue_server.temp_sweep import remove_orphan_temp_files
-from queue_server.unix_socket import claim_socket_path, remove_socket, socket_identity
 
 log = logging.getLogger("queue_server")
 

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from queue_client.errors import ConfigError, InvalidRequest
-from queue_client.layout import atomic_write
+from queue_client.format.layout import atomic_write
 from queue_server.config.server import ServerConfig, load_config, parse_listen
+from queue_server.host.parent_watch import check_parent_pipe, stop_with_parent
 from queue_server.logs import configure_logging
-from queue_server.parent_watch import check_parent_pipe, stop_with_parent
 from queue_server.reset import NothingToReset, reset_dataset
 
 if TYPE_CHECKING:

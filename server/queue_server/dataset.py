@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from queue_client import errors
-from queue_client.layout import DatasetLayout, atomic_write, check_split_name
-from queue_client.meta import (
+from queue_client.format.layout import DatasetLayout, atomic_write, check_split_name
+from queue_client.format.meta import (
     dump_meta,
     load_meta,
     meta_from_json,
@@ -26,7 +26,7 @@ from queue_client.meta import (
     split_schema,
     validate_meta,
 )
-from queue_client.schema import FieldSpec
+from queue_client.format.schema import FieldSpec
 from queue_providers.input_records import inputs_fingerprint, local_files_unchanged
 from queue_server import dataset_workers
 from queue_server.config.dataset import training_split

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from queue_client.layout import DatasetLayout
+from queue_client.format.layout import DatasetLayout
 from queue_server.config.server import DatasetConfig, ServerConfig
 from queue_server.curriculum.lane import ComposerWorker, CurriculumBackend
 from queue_server.curriculum.settings import curriculum_settings
@@ -91,7 +91,7 @@ def ray_backend(
     rt: ProducedDataset, split: str, directory: Path, histogram_field: str = ""
 ) -> ProductionBackend:
     """The split's providers as Ray actors, publishing into `directory`."""
-    from queue_server.production.ray_backend import RayBackend
+    from queue_server.production.ray.ray_backend import RayBackend
 
     return RayBackend(
         split=split,

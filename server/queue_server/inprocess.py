@@ -56,7 +56,7 @@ from queue_client.wire import batchqueue_pb2 as pb
 from queue_server.config.server import DatasetConfig, ServerConfig, parse_config
 from queue_server.config.tables import check_json, server_tables
 from queue_server.dataset import FAILED
-from queue_server.parent_watch import ParentPipe, stop_with_parent
+from queue_server.host.parent_watch import ParentPipe, stop_with_parent
 from queue_server.testing import ServerExited, ServerProcess, wait_until
 
 if sys.version_info >= (3, 11):

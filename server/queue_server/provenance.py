@@ -20,7 +20,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from queue_client import errors
-from queue_client.batchfile import MAX_SEQ
+from queue_client.format.batchfile import MAX_SEQ
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_server import dataset_workers
 from queue_server.production.worker_process import WorkerDied, WorkerError

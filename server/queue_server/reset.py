@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from queue_client.errors import InvalidRequest
-from queue_client.layout import DatasetLayout, fsync_dir
-from queue_server.root_lock import DataRootLock
+from queue_client.format.layout import DatasetLayout, fsync_dir
+from queue_server.host.root_lock import DataRootLock
 
 
 class NothingToReset(Exception):

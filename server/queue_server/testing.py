@@ -32,7 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
-from queue_server.parent_watch import ParentPipe
+from queue_server.host.parent_watch import ParentPipe
 
 T = TypeVar("T")
 

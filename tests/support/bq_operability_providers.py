@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from bq_test_providers import TinyProvider
-from queue_client.batchfile import BatchFileName, PublishedFile
-from queue_client.layout import atomic_write
+from queue_client.format.batchfile import BatchFileName, PublishedFile
+from queue_client.format.layout import atomic_write
 from queue_providers.base import ProviderContext
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bq_test_providers import StreamProvider
-from queue_client.batchfile import EncodedBatchFile
+from queue_client.format.batchfile import EncodedBatchFile
 from queue_providers.base import ProviderContext
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from queue_client.batchfile import EncodedBatchFile
+from queue_client.format.batchfile import EncodedBatchFile
 from queue_providers.base import DataProviderBase, ProviderContext
 
 VOCAB = 2048  # torchtitan's debug model

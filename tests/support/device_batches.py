@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from queue_client import QueueClient
-from queue_client.staging_ring import StagingRing
+from queue_client.streaming.staging_ring import StagingRing
 
 DATASETS = ("chars", "web", "mix")
 

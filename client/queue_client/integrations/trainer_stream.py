@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from queue_client.client import Batch, QueueClient
 from queue_client.errors import InvalidRequest
-from queue_client.rows import batch_size_of
+from queue_client.streaming.rows import batch_size_of
 
 # The checkpoint record's layout: {"version": 1, "states": [every rank's client state]}.
 RECORD_VERSION = 1

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from queue_client.batchfile import EncodedBatchFile, encode_batch_file
-from queue_client.batchfile_v3 import NUMPY_DTYPES
 from queue_client.errors import ConfigError, MetaError
-from queue_client.meta import split_schema, token_field
+from queue_client.format.batchfile import EncodedBatchFile, encode_batch_file
+from queue_client.format.batchfile_v3 import NUMPY_DTYPES
+from queue_client.format.meta import split_schema, token_field
+from queue_client.format.schema import NEXT_TOKEN, PLAIN, WINDOW, FieldSpec, check_tensors
 from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
-from queue_client.schema import NEXT_TOKEN, PLAIN, WINDOW, FieldSpec, check_tensors
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.rows import SourceRows, source_rows
 from queue_providers.mixture.sources import build_sources, check_same_schema, source_meta

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from queue_client import batchfile_v3
-from queue_client.batchfile import FORMAT_VERSION, EncodedBatchFile, load_batch_bytes
+from queue_client.format import batchfile_v3
+from queue_client.format.batchfile import FORMAT_VERSION, EncodedBatchFile, load_batch_bytes
 from queue_providers.base import DataProviderBase
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from queue_client.batchfile import FORMAT_VERSION
 from queue_client.errors import ConfigError
-from queue_client.meta import split_schema
+from queue_client.format.batchfile import FORMAT_VERSION
+from queue_client.format.meta import split_schema
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.rows import SourceRows
 from queue_providers.registry import create

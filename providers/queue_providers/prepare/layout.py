@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from queue_client.errors import BatchQueueError, ConfigError
-from queue_client.layout import atomic_write, is_temp_name
+from queue_client.format.layout import atomic_write, is_temp_name
 
 FORMAT = "batchqueue-token-shards"
 VERSION = 1

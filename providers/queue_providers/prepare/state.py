@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError
-from queue_client.layout import is_temp_name, remove_temp_files
+from queue_client.format.layout import is_temp_name, remove_temp_files
 from queue_providers.inputs import input_changes
 from queue_providers.prepare.layout import (
     FORMAT,

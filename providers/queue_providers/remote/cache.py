@@ -18,7 +18,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from queue_client.layout import (
+from queue_client.format.layout import (
     input_cache_file,
     is_temp_name,
     process_alive,

@@ -13,7 +13,7 @@ from typing import Any, BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
 from queue_client.errors import ConfigError
-from queue_client.layout import atomic_write, input_cache_file
+from queue_client.format.layout import atomic_write, input_cache_file
 from queue_providers.remote.cache import BlockCache, pin
 from queue_providers.remote.failures import ObjectChanged, retry, where
 from queue_providers.remote.fetch import PINNED_PROTOCOLS, bounded, read_range

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_client.errors import ConfigError, MetaError
-from queue_client.layout import TOKENIZER_DIR, DatasetLayout, atomic_write
+from queue_client.format.layout import TOKENIZER_DIR, DatasetLayout, atomic_write
 from queue_providers.text.tiktoken_tokenizer import TiktokenTokenizer
 from queue_providers.text.tokenizer import (
     KINDS,

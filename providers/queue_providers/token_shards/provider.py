@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from queue_client.errors import ConfigError
-from queue_client.schema import token_dtype_name
+from queue_client.format.schema import token_dtype_name
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.compact import lm_window_schema, packed_lm_schema
 from queue_providers.provenance import check_rows, window_rows

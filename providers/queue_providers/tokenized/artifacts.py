@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from queue_client.errors import MetaError
-from queue_client.layout import (
+from queue_client.format.layout import (
     DatasetLayout,
     artifact_array_file,
     artifact_info_file,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from queue_client.errors import ConfigError, InvalidRequest
-from queue_client.layout import check_dataset_name, check_split_name
+from queue_client.format.layout import check_dataset_name, check_split_name
 from queue_server.config.checks import check, in_range, is_int, is_number
 from queue_server.mixture.config import MIXTURE_KEYS, take_mixture
 from queue_server.production.priority import PRIORITIES

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from queue_client.batchfile import BatchFile, PublishedFile, load_batch_file, write_batch_file
+from queue_client.format.batchfile import (
+    BatchFile,
+    PublishedFile,
+    load_batch_file,
+    write_batch_file,
+)
 
 
 @dataclass
@@ -46,7 +51,7 @@ def write_served(
 ) -> PublishedFile:
     """Publish served file `seq`: each picked (candidate file, batch index) copied out as
     stored, with the alpha each was picked at in its metadata."""
-    from queue_client.storage import stack_stored  # torch: never in the server process
+    from queue_client.format.storage import stack_stored  # torch: never in the server process
 
     first = picks[0][0].batches
     # What the files store, copied as stored (FORMAT.md).

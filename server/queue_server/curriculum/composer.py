@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from queue_client.batchfile import PublishedFile
+from queue_client.format.batchfile import PublishedFile
 from queue_server.curriculum.candidate_files import CandidateFile, write_served
 from queue_server.curriculum.corpus import kl_divergence
 from queue_server.curriculum.file_rows import FileRows, TokenClasses

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from queue_client.layout import atomic_write
+from queue_client.format.layout import atomic_write
 
 log = logging.getLogger("queue_server.curriculum")
 

@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from queue_client.layout import (
+from queue_client.format.layout import (
     DatasetLayout,
     composer_snapshot_name,
     composer_snapshot_seq,
     remove_temp_files,
 )
-from queue_client.meta import meta_from_json
+from queue_client.format.meta import meta_from_json
 from queue_providers import DataProviderBase
 from queue_server.curriculum.candidate_files import CandidateFile, write_served
 from queue_server.curriculum.composer import Composer, ComposerSettings, Composition

@@ -30,14 +30,14 @@ from typing import Any
 
 from queue_server.curriculum.composer_actor import ComposerActor
 from queue_server.production.backend import WorkerPlace
-from queue_server.production.ray_calls import (
+from queue_server.production.ray.ray_calls import (
     ClusterGone,
     actor_died,
     actor_reply,
     check_some_node_matches,
     stall_message,
 )
-from queue_server.production.ray_connect import (
+from queue_server.production.ray.ray_connect import (
     LOCAL,
     SPREAD,
     actor_cpus,

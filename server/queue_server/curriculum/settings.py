@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queue_client import errors
-from queue_client.meta import split_schema
+from queue_client.format.meta import split_schema
 from queue_server.config.server import DatasetConfig
 from queue_server.curriculum.schedule import AlphaSchedule
 

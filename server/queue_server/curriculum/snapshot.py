@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from queue_client.layout import atomic_write
+from queue_client.format.layout import atomic_write
 
 SNAPSHOT_VERSION = 1
 # The composer's integer state, in snapshot order after the version.

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from queue_client.layout import atomic_write, temp_path
+from queue_client.format.layout import atomic_write, temp_path
 from queue_server.journal.file import Journal
 from queue_server.journal.records import (
     Advanced,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from queue_client import errors
-from queue_client.batchfile import MAX_NAMED_SEQ
+from queue_client.format.batchfile import MAX_NAMED_SEQ
 from queue_server.journal.records import (
     Advanced,
     JournalSummary,

@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 
-from queue_client.layout import temp_path
+from queue_client.format.layout import temp_path
 from queue_server.background import BackgroundTasks
 from queue_server.journal import compaction
 from queue_server.journal.file import Journal, JournalLost

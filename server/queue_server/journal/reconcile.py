@@ -18,8 +18,8 @@ import os
 import re
 from pathlib import Path
 
-from queue_client.batchfile import scan_queue
-from queue_client.layout import TMP_PREFIX, remove_temp_files
+from queue_client.format.batchfile import scan_queue
+from queue_client.format.layout import TMP_PREFIX, remove_temp_files
 from queue_server.journal.file import Journal, JournalLost
 from queue_server.journal.records import JournalSummary
 from queue_server.split.state import FileEntry, SplitState

@@ -1,6 +1,6 @@
 """The append-only journal of one split: which seqs were produced, consumed or quarantined.
 
-One JSON object per line in the split's journal file (queue_client.layout names it), written
+One JSON object per line in the split's journal file (queue_client.format.layout names it), written
 by the event loop with a flush per line: a process crash loses nothing; a power cut may lose
 the tail, after which unjournaled files are removed and produced again, identically. A
 "produced" record holds the provider's stream state before and after the file, so any seq can

@@ -3,7 +3,7 @@
 The worker (or Ray actor) that makes a mixture file names, in the EncodedBatchFile it
 returns, each source epoch whose first row the file holds; the process that owns the data
 root (a worker process, or the server for a Ray actor, whose node may not share the server's
-filesystem) records them beside the queue (queue_client/mixture_epochs.py) and logs each one
+filesystem) records them beside the queue (queue_client/format/mixture_epochs.py) and logs each one
 the first time. A file made again finds its records and logs nothing.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from queue_client.layout import DatasetLayout
-from queue_client.mixture_epochs import record_epoch_start
+from queue_client.format.layout import DatasetLayout
+from queue_client.format.mixture_epochs import record_epoch_start
 
 log = logging.getLogger("queue_server.mixture")
 

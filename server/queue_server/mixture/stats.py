@@ -4,7 +4,7 @@
 A source's epochs: tokens served over its split's tokens where its meta gives them (a
 sampling provider, or token_shards, whose epochs are exactly that long); else, for a source
 with ordered epochs (text_lm), the epoch its last served row is in, from the epoch starts
-the workers record (queue_client/mixture_epochs.py: a listing of a small folder).
+the workers record (queue_client/format/mixture_epochs.py: a listing of a small folder).
 
 Served rows are those of the first consumed_files files of the split (ranks read in step,
 so this is the served prefix to within a round of files). Counts come from the same row
@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from queue_client.meta import token_field
+from queue_client.format.meta import token_field
+from queue_client.format.mixture_epochs import epoch_at, read_epoch_starts
 from queue_client.mixture import DENOMINATOR, ScheduleCache, WeightPlan
-from queue_client.mixture_epochs import epoch_at, read_epoch_starts
 
 # Rows of the recent window of window_share.
 WINDOW_ROWS = DENOMINATOR

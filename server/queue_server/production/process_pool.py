@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from queue_client.layout import remove_temp_files
+from queue_client.format.layout import remove_temp_files
 from queue_server.production.backend import (
     ProducedFile,
     ProduceFailed,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_client.batchfile import PublishedFile
+from queue_client.format.batchfile import PublishedFile
 
 
 def produced_reply(

@@ -43,8 +43,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from queue_client.layout import DatasetLayout
-from queue_client.meta import meta_from_json, meta_to_json
+from queue_client.format.layout import DatasetLayout
+from queue_client.format.meta import meta_from_json, meta_to_json
 from queue_providers import DataProviderBase
 from queue_providers.inputs import check_inputs, describe_inputs
 from queue_server.logs import configure_logging

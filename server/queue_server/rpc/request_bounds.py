@@ -5,7 +5,7 @@ Why here: a request is checked before anything is journaled or changes state. A 
 also after a restart, because the journal kept it. The bounds are what the rest of the
 system can hold:
 
-- seq and position_seq: below 10**9 (queue_client.batchfile.MAX_SEQ), so the files made in
+- seq and position_seq: below 10**9 (queue_client.format.batchfile.MAX_SEQ), so the files made in
   the windows past any of them still have names (a name holds 10 digits of seq), and seq
   arithmetic stays far inside int64 and exact in a float64 (JSON readers, numpy);
 - world_size: at most queue_client.world.MAX_WORLD_SIZE (0 means 1), rank in [0, world_size);
@@ -33,8 +33,8 @@ import math
 
 from google.protobuf.message import Message
 
-from queue_client.batchfile import MAX_SEQ
 from queue_client.errors import InvalidRequest
+from queue_client.format.batchfile import MAX_SEQ
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.world import MAX_WORLD_SIZE
 from queue_server.split.leases import MAX_ID_LENGTH

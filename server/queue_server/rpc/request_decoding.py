@@ -21,9 +21,9 @@ import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.message import DecodeError, Message
 
-from queue_client.codes import status_for
 from queue_client.errors import InvalidRequest
 from queue_client.wire import batchqueue_pb2 as pb
+from queue_client.wire.codes import status_for
 
 SERVICE = pb.DESCRIPTOR.services_by_name["BatchQueue"]
 

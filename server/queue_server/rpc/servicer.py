@@ -1,7 +1,7 @@
 """The BatchQueue servicer: translates between protobuf messages and the domain objects.
 
 No queue logic lives here. Domain errors become status codes in one decorator (via
-queue_client.codes), so every RPC reports errors the same way.
+queue_client.wire.codes), so every RPC reports errors the same way.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 import grpc
 
 from queue_client import errors
-from queue_client.batchfile import check_dataset_name
-from queue_client.codes import status_for
+from queue_client.format.batchfile import check_dataset_name
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_client.wire import batchqueue_pb2_grpc as pb_grpc
+from queue_client.wire.codes import status_for
 from queue_server.curriculum import changes as curriculum_changes
 from queue_server.dataset import DatasetRuntime
 from queue_server.mixture import changes as mixture_changes

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from queue_client import errors
-from queue_client.layout import DatasetLayout
+from queue_client.format.layout import DatasetLayout
 from queue_server.background import BackgroundTasks
 from queue_server.config.served_ranks import EVERY_RANK, ServedRanks
 from queue_server.config.server import DatasetConfig

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from queue_client import errors
-from queue_client.layout import reason_file
+from queue_client.format.layout import reason_file
 from queue_server.journal.records import Consumed, Quarantined
 from queue_server.split import read_past
 from queue_server.split.leases import Lease

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from queue_client.layout import atomic_write, temp_owner_pid
+from queue_client.format.layout import atomic_write, temp_owner_pid
 
 log = logging.getLogger("queue_server.throughput")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queue_client.errors import MetaError
-from queue_client.meta import token_field
+from queue_client.format.meta import token_field
 
 # split_info keys that give a split's size, in the order they are looked for, with the unit.
 EPOCH_KEYS = (("tokens", "tokens"), ("examples", "samples"), ("sentences", "samples"))

@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from queue_client.layout import atomic_write
+from queue_client.format.layout import atomic_write
 from queue_server.steering.store import SCHEME, host_store
 
 

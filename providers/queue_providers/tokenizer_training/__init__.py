@@ -1,0 +1,1 @@
+"""Training a tokenizer on a corpus (BPE, WordPiece) and its command line."""

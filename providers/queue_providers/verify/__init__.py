@@ -1,0 +1,1 @@
+"""Checking a provider's output: diversity of its batches and near-duplicates among them."""
