@@ -37,7 +37,9 @@ def required_closure(root: str, extras: frozenset[str]) -> dict[str, metadata.Di
         visited.add((name, wanted))
         dist = installed.get(name)
         if dist is None:
-            raise SystemExit(f"lock_constraints: {name} is required but not installed; run make setup")
+            raise SystemExit(
+                f"lock_constraints: {name} is required but not installed; run make setup"
+            )
         found[name] = dist
         for line in dist.requires or []:
             requirement = Requirement(line)

@@ -1,0 +1,77 @@
+"""constraints.txt pins every package make setup installs, within pyproject.toml's ranges.
+
+Why it matters: unpinned, a fresh clone's `pip install -e ".[every extra]"` searched s3fs,
+aiobotocore, boto3 and fsspec releases against datasets' fsspec cap for a quarter of an hour and
+gave up (resolution-too-deep). A dependency added to pyproject.toml but not to the pins would
+bring that search back; a pin outside pyproject's range would make make setup fail.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the suite runs on 3.11
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setup_extras() -> list[str]:
+    """The extras `make setup` installs, read off the Makefile."""
+    found = re.search(r"^EXTRAS := (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert found, "the Makefile names no EXTRAS"
+    return found.group(1).strip().split(",")
+
+
+def _pins() -> dict[str, Version]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        assert sep, f"constraints.txt: {line!r} is not name==version"
+        pins[canonicalize_name(name)] = Version(version)
+    return pins
+
+
+def _requirements() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lines = list(project["dependencies"])
+    for extra in _setup_extras():
+        lines += project["optional-dependencies"][extra]
+    return [Requirement(line) for line in lines]
+
+
+def test_make_setup_installs_through_the_pins() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert '-c constraints.txt -e ".[$(EXTRAS)]"' in makefile
+    assert "$(STAMP): pyproject.toml constraints.txt" in makefile
+
+
+def test_every_dependency_of_make_setup_is_pinned_within_its_range() -> None:
+    pins = _pins()
+    assert len(pins) > 100  # the whole tree, not only the direct dependencies
+    unpinned, outside = [], []
+    for requirement in _requirements():
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue  # another platform's or Python's (tomli on 3.10)
+        version = pins.get(canonicalize_name(requirement.name))
+        if version is None:
+            unpinned.append(str(requirement))
+        elif not requirement.specifier.contains(version, prereleases=True):
+            outside.append(f"{requirement} (pinned {version})")
+    assert not unpinned, f"add to constraints.txt (make lock): {unpinned}"
+    assert not outside, f"pins outside pyproject.toml's ranges: {outside}"
+
+
+def test_torch_is_pinned_as_make_setup_installs_it() -> None:
+    assert _pins()["torch"] == Version("2.13.0")  # matches the CPU (+cpu) and CUDA builds alike
