@@ -35,6 +35,7 @@ from queue_client.format.layout import DatasetLayout
 from queue_client.format.meta import dump_meta, load_meta
 from queue_client.format.schema import FieldSpec, parse_schema
 from queue_client.format.storage import BatchCodec, stack_stored
+from queue_client.format.storage_encode import encode_stored
 from queue_client.streaming.transfer import StoredBatch, Transfer
 from queue_client.wire import batchqueue_pb2 as pb
 from queue_providers import ProviderContext, create
@@ -359,7 +360,7 @@ def test_codec_round_trip_whole_file_and_batch_by_batch(padded: bool) -> None:
     """The stored tensors read back to the served fields for the whole file at once, for each
     batch on its own, into out= buffers and into fresh memory alike."""
     codec, served = _packed_file(padded)
-    stored = codec.encode(served)
+    stored = encode_stored(codec, served)
     assert stored["tokens"].dtype == torch.uint16 and stored["eos_exceptions"].shape[1] > 0
     assert ("lengths" in stored) == padded and "attention_mask" not in stored
     whole = codec.decode(stored)
@@ -392,7 +393,7 @@ def test_the_codec_needs_no_uint16_kernel_that_older_torch_lacks(
 
     monkeypatch.setattr(torch, "where", where)
     codec, served = _packed_file(padded)
-    stored = codec.encode(served)
+    stored = encode_stored(codec, served)
     whole = codec.decode(stored)
     for name in served:
         assert torch.equal(whole[name], served[name]), name
@@ -402,7 +403,7 @@ def test_picked_batches_keep_their_exception_lists() -> None:
     """Batches copied out of files with exception lists of different lengths (a curriculum's
     served file) are padded to the longest and read back the same."""
     codec, served = _packed_file(True)
-    stored = codec.encode(served)
+    stored = encode_stored(codec, served)
     counts = (stored["eos_exceptions"] >= 0).sum(-1)
     assert len(set(counts.tolist())) > 1
     picks = [4, 0, 2]

@@ -24,8 +24,6 @@ are not private, and a module's own privates and `self._x` are not imports, so a
 A private attribute read off another module's object (`queue._journal`) is beyond this scan,
 which knows no types: a Protocol of what the reader needs keeps those out (as above).
 
-KNOWN_CYCLES and KNOWN_PRIVATE_USES list what is left to untangle. Each entry must still be
-found (one untangled is dropped from its list), so the lists only shrink.
 """
 
 from __future__ import annotations
@@ -42,26 +40,6 @@ PACKAGES = (
     ("server", "queue_server"),
     ("providers", "queue_providers"),
 )
-
-# Circles still to untangle, each as the sorted names of its modules.
-KNOWN_CYCLES: set[tuple[str, ...]] = {
-    # storage.encode imports storage_encode inside the method; storage_encode takes
-    # EXCEPTIONS_DTYPE (and BatchCodec's type) from storage.
-    ("queue_client.format.storage", "queue_client.format.storage_encode"),
-    # RemoteObject names RemoteStore's type; the store makes RemoteObjects.
-    ("queue_providers.remote.objects", "queue_providers.remote.store"),
-    # SplitQueue's helpers take the SplitQueue itself (its type, under TYPE_CHECKING).
-    (
-        "queue_server.split.opening",
-        "queue_server.split.queue",
-        "queue_server.split.removal",
-        "queue_server.split.stats",
-    ),
-}
-# (importing module, module whose private names it takes) still to clean up.
-KNOWN_PRIVATE_USES: set[tuple[str, str]] = {
-    ("queue_client.cli", "queue_client.cli_render"),  # its _render_* and _console
-}
 
 
 @dataclass(frozen=True)
@@ -298,7 +276,7 @@ def _describe(cycle: tuple[str, ...], found: dict[str, list[Import]]) -> str:
 def test_the_packages_modules_import_in_no_circle() -> None:
     found = all_imports(ROOT)
     assert len(found) > 200  # the scan sees the tree: a wrong root would pass by finding nothing
-    new = [c for c in cycles(graph(ROOT)) if c not in KNOWN_CYCLES]
+    new = cycles(graph(ROOT))
     assert not new, (
         "import circles (move the shared piece into a module both import, or have the lower "
         "module take what it needs through a small Protocol; steering/port.py does):\n"
@@ -306,31 +284,13 @@ def test_the_packages_modules_import_in_no_circle() -> None:
     )
 
 
-def test_the_known_circles_are_still_there() -> None:
-    gone = KNOWN_CYCLES - set(cycles(graph(ROOT)))
-    assert not gone, f"untangled: drop these from KNOWN_CYCLES: {sorted(gone)}"
-
-
-def _owner(private: str) -> str:
-    """The module a private name belongs to ("a.b._c" -> "a.b"; a private module's package)."""
-    return private.rpartition(".")[0]
-
-
 def test_no_module_takes_another_modules_private_names() -> None:
-    found = private_uses(ROOT)
-    new = [
-        (m, name, line) for m, name, line in found if (m, _owner(name)) not in KNOWN_PRIVATE_USES
-    ]
+    new = private_uses(ROOT)
     assert not new, (
         "private names taken from another module (make the name public in its module, or "
         "move it where both modules may use it):\n"
         + "\n".join(f"    {m} (line {line}) uses {name}" for m, name, line in new)
     )
-
-
-def test_the_known_private_uses_are_still_there() -> None:
-    gone = KNOWN_PRIVATE_USES - {(m, _owner(name)) for m, name, _ in private_uses(ROOT)}
-    assert not gone, f"cleaned up: drop these from KNOWN_PRIVATE_USES: {sorted(gone)}"
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:

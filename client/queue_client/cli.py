@@ -31,11 +31,11 @@ from typing import Any
 
 from queue_client import errors
 from queue_client.cli_render import (
-    _console,
-    _render_explain,
-    _render_meta,
-    _render_schema,
-    _render_stats,
+    console,
+    render_explain,
+    render_meta,
+    render_schema,
+    render_stats,
 )
 from queue_client.explain import explain_request, explained_rows
 from queue_client.format.meta import meta_from_json
@@ -224,7 +224,7 @@ def cmd_stats(session: Session, args: argparse.Namespace, out: Callable[[str], N
         if args.json:
             out(json.dumps(doc, indent=2))
         else:
-            _console().print(_render_stats(doc))
+            console().print(render_stats(doc))
         return 0
     if args.json:
         for doc in stats_frames(session, names, args.interval, args.count, outlast_restarts=True):
@@ -234,7 +234,7 @@ def cmd_stats(session: Session, args: argparse.Namespace, out: Callable[[str], N
 
     first = session.snapshot(names)
     shown = stats_doc(session.address, first, None, None)
-    with Live(_render_stats(shown), console=_console(), auto_refresh=False) as live:
+    with Live(render_stats(shown), console=console(), auto_refresh=False) as live:
         for doc in stats_frames(
             session, names, args.interval, args.count, first, outlast_restarts=True
         ):
@@ -242,7 +242,7 @@ def cmd_stats(session: Session, args: argparse.Namespace, out: Callable[[str], N
                 doc = {**shown, "error": doc["error"]}
             else:
                 shown = doc
-            live.update(_render_stats(doc), refresh=True)
+            live.update(render_stats(doc), refresh=True)
     return 0
 
 
@@ -257,7 +257,7 @@ def cmd_meta(session: Session, args: argparse.Namespace, out: Callable[[str], No
     if args.json:
         out(json.dumps(doc, indent=2))
     else:
-        _console().print(_render_meta(doc))
+        console().print(render_meta(doc))
     return 0
 
 
@@ -270,7 +270,7 @@ def cmd_schema(session: Session, args: argparse.Namespace, out: Callable[[str], 
     if args.json:
         out(json.dumps(doc, indent=2))
     else:
-        _console().print(_render_schema(doc))
+        console().print(render_schema(doc))
     return 0
 
 
@@ -286,7 +286,7 @@ def cmd_explain(session: Session, args: argparse.Namespace, out: Callable[[str],
     if args.json:
         out(json.dumps(doc, indent=2))
     else:
-        _console().print(_render_explain(doc))
+        console().print(render_explain(doc))
     return 0
 
 

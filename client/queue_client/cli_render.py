@@ -21,7 +21,8 @@ def _plain() -> bool:
     return not sys.stdout.isatty()
 
 
-def _console() -> Any:
+def console() -> Any:
+    """The rich Console the views print to: full width off a terminal, the terminal's on one."""
     try:
         from rich.console import Console
     except ImportError:
@@ -88,7 +89,9 @@ def _bar(value: int, limit: int, width: int = 8) -> str:
     return f"{value}/{limit} " + "█" * filled + "░" * (width - filled)
 
 
-def _render_stats(doc: dict[str, Any]) -> Any:
+def render_stats(doc: dict[str, Any]) -> Any:
+    """GetStats' document: per dataset a table of its splits and one of its ranks, then its
+    curriculum, mixture, worker and warning lines."""
     from rich.console import Group
     from rich.text import Text
 
@@ -154,7 +157,8 @@ def _short(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _render_meta(doc: dict[str, Any]) -> Any:
+def render_meta(doc: dict[str, Any]) -> Any:
+    """GetMeta's document as key/value rows, long values shortened."""
     table = _table(title=f"{doc['dataset']}: meta", title_justify="left", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
@@ -166,7 +170,8 @@ def _render_meta(doc: dict[str, Any]) -> Any:
     return table
 
 
-def _render_schema(doc: dict[str, Any]) -> Any:
+def render_schema(doc: dict[str, Any]) -> Any:
+    """GetSchema's document as one table of fields per split."""
     from rich.console import Group
 
     tables = []
@@ -182,7 +187,7 @@ def _render_schema(doc: dict[str, Any]) -> Any:
     return Group(*tables)
 
 
-def _render_explain(doc: dict[str, Any]) -> Any:
+def render_explain(doc: dict[str, Any]) -> Any:
     """One line per row of the step: its batch file and row, source, input file, token
     offset and document ("-" where unknown)."""
     where = f"step {doc['step']} of rank {doc['rank']}" if doc["step"] is not None else "rows"

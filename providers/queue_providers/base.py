@@ -30,6 +30,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,6 +48,7 @@ from queue_client.format.layout import DatasetLayout
 from queue_client.format.meta import split_schema, validate_meta
 from queue_client.format.schema import FieldSpec, check_tensors
 from queue_client.format.storage import BatchCodec, codec_for
+from queue_client.format.storage_encode import encode_stored
 from queue_providers.histograms import token_histograms
 from queue_providers.inputs import Input, describe_inputs, inputs_fingerprint, path_args
 from queue_providers.seeding import derive_seed, torch_generator
@@ -86,8 +88,9 @@ class ProviderContext:
 class DataProviderBase(abc.ABC):
     """Base of every provider. Subclasses take their config args as keyword-only parameters."""
 
-    # The config args as the worker received them, set by the registry after construction.
-    _config_args: dict[str, Any]
+    # The config args as the worker received them: registry.create sets them after
+    # construction (a provider built by hand has none), for data_identity().
+    config_args: Mapping[str, Any] = MappingProxyType({})
 
     def __init__(self, context: ProviderContext) -> None:
         self.context = context
@@ -288,7 +291,7 @@ class DataProviderBase(abc.ABC):
                 k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                 for k, v in served.items()
             }
-            stored = self._codecs[split].encode(tensors) if version >= 2 else tensors
+            stored = encode_stored(self._codecs[split], tensors) if version >= 2 else tensors
         return encode_batch_file(
             seq=seq, tensors=stored, metadata=metadata, extras=extras, version=version
         )
@@ -336,7 +339,7 @@ class DataProviderBase(abc.ABC):
 
     def args_for_identity(self) -> Mapping[str, Any]:
         """The config args, as the worker received them (set by the registry)."""
-        return getattr(self, "_config_args", {})
+        return self.config_args
 
     def on_start(self) -> None:
         """Called once in the worker process before the first file."""

@@ -68,5 +68,5 @@ def create(name: str, context: ProviderContext, args: dict[str, Any]) -> DataPro
     cls = resolve(name)
     check_args(cls, args, f"datasets.{context.dataset_name}.args")
     provider = cls(context, **args)
-    provider._config_args = dict(args)  # for data_identity(): what the data caches depend on
+    provider.config_args = dict(args)  # for data_identity(): what the data caches depend on
     return provider

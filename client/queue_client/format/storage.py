@@ -303,17 +303,6 @@ class BatchCodec:
                         f"not {EXCEPTIONS_DTYPE}"
                     )
 
-    # ---- writing -------------------------------------------------------------------------
-    def encode(self, served: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The stored tensors of a whole file of served fields ([num_batches, batch_size,
-        *shape] each), checked by reading them back: a field whose values the schema's
-        storage cannot hold (an id too big for its stored dtype, a mask that is not the one
-        its pad id gives) raises SchemaMismatch naming it, and nothing is written
-        (storage_encode.py)."""
-        from queue_client.format.storage_encode import encode
-
-        return encode(self, served)
-
 
 def _clear(ends: torch.Tensor, exceptions: torch.Tensor) -> torch.Tensor:
     """`ends` with the flat positions in `exceptions` (per leading index, -1 padded) cleared."""

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from queue_client.format.storage import BatchCodec
 
 
-def encode(codec: BatchCodec, served: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def encode_stored(codec: BatchCodec, served: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The stored tensors of a whole file of served fields ([num_batches, batch_size,
     *shape] each), checked by reading them back: a field whose values the schema's
     storage cannot hold (an id too big for its stored dtype, a mask that is not the one

@@ -199,7 +199,7 @@ class Helper:
             elif kind == "J" and fields.get("op") == "split":
                 self.splits[int(fields["index"])] = str(fields["split"])
         # The trainer closed the link (or died): give back what is still held, unread.
-        self.source._closing = True  # fetches still waiting for a file give up at once
+        self.source.stop_waiting()
         self.pool.shutdown(wait=True)
         with self._held_lock:
             held, self.held = list(self.held.items()), {}

@@ -193,8 +193,13 @@ class HelperSource(LeaseMixin):
         arrays = {n: t.contiguous().numpy() for n, t in stored.items()}
         return self._checked(split, lease, ref, arrays, str(lease.path), loaded)
 
-    def close(self) -> None:
+    def stop_waiting(self) -> None:
+        """Fetches still waiting for a file give up at once; leases held stay renewed until
+        close() (the helper returns them first)."""
         self._closing = True
+
+    def close(self) -> None:
+        self.stop_waiting()
         self._stop_renewing.set()
         if self._renewer is not None:
             self._renewer.join(timeout=5)

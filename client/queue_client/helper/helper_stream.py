@@ -53,7 +53,7 @@ class _SlotJob:
             wait = self.stream.timeout_s if timeout is None else timeout
             try:
                 self._file = self.stream.link.wait(
-                    self.stream.split, self.slot, self.stream._clock() + wait + 10.0
+                    self.stream.split, self.slot, self.stream.clock() + wait + 10.0
                 )
             except BaseException as exc:
                 self._error = exc
@@ -154,7 +154,7 @@ class HelperStream(SplitStream):
         slot = self._free.pop()
         seq, offset, carried = self._take()
         self.link.fetch(self.split, slot, self.slots, seq, carried)
-        job = _SlotJob(self, slot, self._clock())
+        job = _SlotJob(self, slot, self.clock())
         self._pending.append((job, None if seq is None else (seq, offset)))  # type: ignore[arg-type]
 
     def _advance(self) -> None:
@@ -163,14 +163,14 @@ class HelperStream(SplitStream):
             self._submit()
         job, item = self._pending.popleft()
         assert isinstance(job, _SlotJob)
-        began = self._clock()
+        began = self.clock()
         try:
             slot_file = job.result()
         except BaseException:
             self._free.append(job.slot)
             self._give_back_pending(item)
             raise
-        now = self._clock()
+        now = self.clock()
         self.read_ahead.fetched(now - job.submitted)
         try:
             loaded = self._loaded(slot_file, item)

@@ -83,7 +83,7 @@ class SplitStream(StreamReleases):
             self.prefetch, allowed, in_memory=source.transport == "grpc"
         )
         self.timeout_s = timeout_s
-        self._clock = clock
+        self.clock = clock
         # Deterministic streams know their seqs; best-effort ones (plan None) take any file.
         self._plan: deque[tuple[int, int]] = deque(plan.items if plan else ())
         self._next_seq: int | None = plan.next_seq if plan else None
@@ -239,7 +239,7 @@ class SplitStream(StreamReleases):
         job: Future[LoadedFile] = Future()
         self._pending.append((job, None if seq is None else (seq, offset)))
         return partial(
-            self._fetch_into, job, seq, offset, carried, self._clock(), self._size, finished or []
+            self._fetch_into, job, seq, offset, carried, self.clock(), self._size, finished or []
         )
 
     def _fetch_into(
@@ -276,7 +276,7 @@ class SplitStream(StreamReleases):
         if not self._pending:
             self._submit()
         job, item = self._pending.popleft()
-        began = self._clock()
+        began = self.clock()
         try:
             loaded = job.result()
         except BaseException:
@@ -285,7 +285,7 @@ class SplitStream(StreamReleases):
             # instead of skipping any.
             self._give_back_pending(item)
             raise
-        now = self._clock()
+        now = self.clock()
         loaded.waited_s = now - began
         if self.current is not None:
             self._finished.append(self.current)
@@ -323,12 +323,12 @@ class SplitStream(StreamReleases):
         submitted: float,
         finished: list[Finished],
     ) -> LoadedFile:
-        deadline = self._clock() + self.timeout_s
+        deadline = self.clock() + self.timeout_s
         loaded = fetch_leased(
             self.source, self.split, seq, carried, deadline, self._open, finished=finished
         )
         loaded.start = start
-        self.read_ahead.fetched(self._clock() - submitted)
+        self.read_ahead.fetched(self.clock() - submitted)
         return loaded
 
     def _open(self, lease: pb.Lease, ref: LeaseRef) -> LoadedFile:

@@ -26,6 +26,7 @@ from queue_client.format.batchfile import EncodedBatchFile, encode_batch_file
 from queue_client.format.batchfile_v3 import NUMPY_DTYPES
 from queue_client.format.meta import split_schema, token_field
 from queue_client.format.schema import NEXT_TOKEN, PLAIN, WINDOW, FieldSpec, check_tensors
+from queue_client.format.storage_encode import encode_stored
 from queue_client.mixture import RowSchedule, ScheduleCache, WeightPlan
 from queue_providers.base import DataProviderBase, ProviderContext
 from queue_providers.mixture.rows import SourceRows, source_rows
@@ -303,7 +304,9 @@ class MixtureProvider(DataProviderBase):
         for i in range(k):
             check_tensors(schema, {n: v[i] for n, v in tensors.items()}, (b,))
         check_ids(tensors, self._id_ranges.get(split, ()), where=f"split {split!r} seq {seq}")
-        stored = self._codecs[split].encode(tensors) if self.format_version >= 2 else tensors
+        stored = (
+            encode_stored(self._codecs[split], tensors) if self.format_version >= 2 else tensors
+        )
         return stored, starts
 
 

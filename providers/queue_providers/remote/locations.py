@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from queue_providers.remote.objects import RemoteObject, RemotePath
+from queue_providers.remote.objects import ObjectStore, RemoteObject, RemotePath
 from queue_providers.remote.settings import RemoteSettings
 from queue_providers.remote.store import RemoteStore
 from queue_providers.remote.urls import is_url, local_path
@@ -93,7 +93,7 @@ def local_file(location: Location | RemotePath) -> Path:
 def local_files(locations: Sequence[Location | RemotePath]) -> Iterator[list[Path]]:
     """Local paths to read `locations` by, kept from eviction until the `with` ends (they
     must fit in the input cache together: ConfigError naming the sizes otherwise)."""
-    held: list[tuple[RemoteStore, Path]] = []
+    held: list[tuple[ObjectStore, Path]] = []
     try:
         paths = []
         for location in locations:

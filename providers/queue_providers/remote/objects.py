@@ -7,17 +7,43 @@ import hashlib
 import io
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from queue_client.errors import ConfigError
 from queue_providers.remote.failures import where
+from queue_providers.remote.settings import RemoteSettings
 from queue_providers.remote.urls import protocol_of, redact
 
-if TYPE_CHECKING:
-    from queue_providers.remote.store import RemoteStore
+
+class ObjectStore(Protocol):
+    """What an object, its files and paths, and the readers of either ask of the store that
+    lists and fetches them (store.RemoteStore): this module needs nothing of the store's own."""
+
+    settings: RemoteSettings
+
+    def info(self, url: str) -> dict[str, Any]: ...
+
+    def stat(self, url: str) -> RemoteObject: ...
+
+    def pins_every_read(self, obj: RemoteObject) -> bool: ...
+
+    def block(self, obj: RemoteObject, index: int, before_fetch: Callable[[], None]) -> bytes: ...
+
+    def check_unchanged(self, obj: RemoteObject) -> None: ...
+
+    def fetch(self, obj: RemoteObject, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the version of `obj` that was listed."""
+        ...
+
+    def local_copy(self, obj: RemoteObject) -> Path:
+        """The whole object as a local file, kept until as many unpin() calls."""
+        ...
+
+    def unpin(self, path: Path) -> None: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,7 +53,7 @@ class RemoteObject:
     url: str
     size: int
     identity: str
-    store: RemoteStore = field(repr=False)
+    store: ObjectStore = field(repr=False)
 
     @property
     def shown(self) -> str:
@@ -139,7 +165,7 @@ class RemotePath:
     stat().st_size, read_bytes and name work as they do on a Path (is_file and stat list the
     object once). Shown (str, repr) without secrets. `object()` is the RemoteObject."""
 
-    def __init__(self, url: str, store: RemoteStore) -> None:
+    def __init__(self, url: str, store: ObjectStore) -> None:
         self.url = url
         self.store = store
         self._listed: RemoteObject | None = None

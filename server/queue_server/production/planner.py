@@ -188,10 +188,5 @@ class Planner:
             nxt + self.slots if nxt in self.in_production else nxt for nxt in self.next_forward
         )
 
-    def earliest_unmade(self) -> int:
-        """The first seq of slot 0 that is not made or being made (a curriculum's next pick)."""
-        nxt = self.next_forward[0]
-        return nxt + 1 if nxt in self.in_production else nxt
-
     def next_seq(self) -> int:
         return min(self.next_forward)

@@ -205,10 +205,6 @@ class Production:
         """A quarantined seq: make it again from its journaled state."""
         self.plan.make_again(seq)
 
-    def earliest_unmade(self) -> int:
-        """The first seq of slot 0 that is not made or being made (a curriculum's next pick)."""
-        return self.plan.earliest_unmade()
-
     def next_seq(self) -> int:
         return self.plan.next_seq()
 

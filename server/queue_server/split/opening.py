@@ -12,22 +12,39 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
+from queue_server.config.served_ranks import ServedRanks
 from queue_server.curriculum import changes as curriculum_changes
-from queue_server.journal.file import JournalLost
+from queue_server.journal.file import Journal, JournalLost
+from queue_server.journal.keeper import JournalKeeper
 from queue_server.journal.reconcile import reconcile
 from queue_server.journal.records import AlphaChange, MixtureChange, StepSkip
 from queue_server.mixture import changes as mixture_changes
+from queue_server.production.producer import Production
+from queue_server.split.state import SplitState
 from queue_server.steering import skips as step_skips
-
-if TYPE_CHECKING:
-    from queue_server.split.queue import SplitQueue
+from queue_server.steering.port import SteeredSplit
 
 log = logging.getLogger("queue_server.split")
 
 
-async def restore(queue: SplitQueue) -> None:
+class OpenedSplit(SteeredSplit, Protocol):
+    """What opening a split reads and sets of it (SplitQueue implements it): its folders and
+    journal, the state they restore, and the steering changes replayed (SteeredSplit)."""
+
+    dir: Path
+    quarantine: Path
+    journal: Journal
+    keeper: JournalKeeper
+    state: SplitState
+    served: ServedRanks
+    production: Production
+    reconciled: bool  # set once the journal and the directory were read
+
+
+async def restore(queue: OpenedSplit) -> None:
     """Reconcile the directory with the journal (in a thread), then carry its state on.
 
     A missing journal beside files it accounts for (JournalLost) is recorded as the split's
@@ -62,7 +79,7 @@ async def restore(queue: SplitQueue) -> None:
 
 
 async def replay_changes(
-    queue: SplitQueue, changes: list[AlphaChange | MixtureChange | StepSkip]
+    queue: OpenedSplit, changes: list[AlphaChange | MixtureChange | StepSkip]
 ) -> None:
     """The journal's SetCurriculum and SetMixture changes, each checked with the code that
     applies it (in a thread: a mixture's schedule is simulated). A record that cannot be

@@ -386,9 +386,6 @@ class SplitQueue:
     def first_unmade(self) -> int:
         return self.production.plan.first_unmade()
 
-    def earliest_unmade(self) -> int:
-        return self.production.plan.earliest_unmade()
-
     def change_point(self, position: int | None, earliest: int) -> int:
         return earliest if position is None else self.schedule.change_point(position, earliest)
 

@@ -20,22 +20,47 @@ import contextlib
 import logging
 import shutil
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from queue_client import errors
 from queue_client.format.layout import reason_file
-from queue_server.journal.records import Consumed, Quarantined
+from queue_server.background import BackgroundTasks
+from queue_server.journal.records import Consumed, Quarantined, Record
+from queue_server.production.producer import Production
+from queue_server.signal import Signal
 from queue_server.split import read_past
-from queue_server.split.leases import Lease
-from queue_server.split.state import FileEntry, KeptRelease
-
-if TYPE_CHECKING:
-    from queue_server.split.queue import SplitQueue
+from queue_server.split.leases import Lease, LeaseTable
+from queue_server.split.schedule import Schedule
+from queue_server.split.state import FileEntry, KeptRelease, SplitState
 
 log = logging.getLogger("queue_server.split")
 
 
-def consume(queue: SplitQueue, lease: Lease, entry: FileEntry, why: str) -> None:
+class RemovingSplit(Protocol):
+    """What taking a file out of a split reads and changes of it (SplitQueue implements it)."""
+
+    where: str
+    dir: Path
+    quarantine: Path
+    is_candidates: bool  # a curriculum's candidates: read in the composer's order
+    state: SplitState
+    schedule: Schedule
+    leases: LeaseTable
+    production: Production
+    changed: Signal  # notified when the journal can be written again
+    tasks: BackgroundTasks  # deletes, moves and the kept releases' journaling run here
+
+    def append_record(self, record: Record) -> None:
+        """Journal a record before it takes effect (ServerUnavailable if it cannot be)."""
+        ...
+
+    def note_released(self, lease_id: str, client_id: str) -> None:
+        """Remember a release as done, so that the same release sent again is answered so."""
+        ...
+
+
+def consume(queue: RemovingSplit, lease: Lease, entry: FileEntry, why: str) -> None:
     """The leased file was read to its end: journaled, its lease dropped, the file deleted.
     A release the journal has no room for raises ServerUnavailable, and is kept."""
     try:
@@ -51,7 +76,7 @@ def consume(queue: SplitQueue, lease: Lease, entry: FileEntry, why: str) -> None
     _settle_read_past(queue, lease.rank)
 
 
-def _consumed(queue: SplitQueue, entry: FileEntry, rank: int) -> None:
+def _consumed(queue: RemovingSplit, entry: FileEntry, rank: int) -> None:
     """Journaled as consumed by `rank`: out of the split's memory, then off the disk."""
     state = queue.state
     del state.files[entry.seq]
@@ -64,7 +89,7 @@ def _consumed(queue: SplitQueue, entry: FileEntry, rank: int) -> None:
 
 
 # ---- releases the journal never heard of ---------------------------------------------------
-def _keep_release(queue: SplitQueue, lease: Lease) -> None:
+def _keep_release(queue: RemovingSplit, lease: Lease) -> None:
     """Keep a CONSUMED release the journal had no room for, to journal it once it has."""
     kept = queue.state.kept_releases
     first = not kept
@@ -73,7 +98,7 @@ def _keep_release(queue: SplitQueue, lease: Lease) -> None:
         queue.tasks.spawn(_journal_kept_releases(queue))
 
 
-async def _journal_kept_releases(queue: SplitQueue) -> None:
+async def _journal_kept_releases(queue: RemovingSplit) -> None:
     """Wait (on the split's changes: a recovered journal notifies them) until the journal can
     be written, then journal every kept release; again if the journal fails meanwhile."""
     state = queue.state
@@ -88,7 +113,7 @@ async def _journal_kept_releases(queue: SplitQueue) -> None:
         queue.production.kick()
 
 
-def _journal_kept(queue: SplitQueue, seq: int, kept: KeptRelease) -> bool:
+def _journal_kept(queue: RemovingSplit, seq: int, kept: KeptRelease) -> bool:
     """Journal one kept release and delete its file; False if the journal failed again."""
     state = queue.state
     entry = state.files.get(seq)
@@ -109,7 +134,7 @@ def _journal_kept(queue: SplitQueue, seq: int, kept: KeptRelease) -> bool:
     return True
 
 
-def _settle_read_past(queue: SplitQueue, rank: int) -> None:
+def _settle_read_past(queue: RemovingSplit, rank: int) -> None:
     """`rank` consumed a file: journal as consumed, and delete, its files it read past before
     the split opened (read_past.py). Nothing to do once each of its files that were on disk at
     the start has been leased or has gone: the usual case, from its first files on."""
@@ -152,7 +177,7 @@ def _settle_read_past(queue: SplitQueue, rank: int) -> None:
         )
 
 
-def quarantine(queue: SplitQueue, entry: FileEntry, reason: str) -> None:
+def quarantine(queue: RemovingSplit, entry: FileEntry, reason: str) -> None:
     """Move a file aside with its reason; in deterministic mode its seq is produced again."""
     queue.append_record(Quarantined(entry.seq, reason[:500]))
     queue.state.files.pop(entry.seq, None)
@@ -171,7 +196,7 @@ def quarantine(queue: SplitQueue, entry: FileEntry, reason: str) -> None:
     log.warning("%s seq %d quarantined: %s", queue.where, entry.seq, reason)
 
 
-def _off_disk(queue: SplitQueue, seq: int, remove: Callable[[], None]) -> None:
+def _off_disk(queue: RemovingSplit, seq: int, remove: Callable[[], None]) -> None:
     """Run `remove` in a thread, seq marked leaving until it is done; then production runs on."""
     queue.state.leaving.add(seq)
 

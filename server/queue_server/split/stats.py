@@ -10,14 +10,35 @@ import asyncio
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from queue_server.config.served_ranks import ServedRanks
+from queue_server.mixture.stats import MixtureView
 from queue_server.production.backend import WorkerPlace
-from queue_server.split.state import Counters
+from queue_server.production.producer import Production
+from queue_server.split.leases import LeaseTable
+from queue_server.split.schedule import Schedule
+from queue_server.split.state import Counters, SplitState
 from queue_server.split.training_units import SplitUnits
 
-if TYPE_CHECKING:
-    from queue_server.split.queue import SplitQueue
+
+class ShownSplit(Protocol):
+    """What a split's stats read of it (SplitQueue implements it)."""
+
+    split: str
+    curriculum: bool  # a composed split: its composer's figures are shown
+    state: SplitState
+    schedule: Schedule
+    leases: LeaseTable
+    served: ServedRanks
+    production: Production
+    mixture_view: MixtureView | None
+    mixture_changes: list[tuple[int, dict[str, float] | None]]
+    alpha_overrides: list[tuple[int, float | None]]
+
+    def worker_pids(self) -> list[int]: ...
+
+    def workers(self) -> list[WorkerPlace]: ...
 
 
 @dataclass
@@ -69,7 +90,7 @@ class TrainingView:
     epoch_eta_s: float | None
 
 
-def snapshot(queue: SplitQueue) -> SplitSnapshot:
+def snapshot(queue: ShownSplit) -> SplitSnapshot:
     schedule, state = queue.schedule, queue.state
     w = schedule.world_size
     leased = queue.leases.count_by_rank()
@@ -156,14 +177,14 @@ def training_view(
     )
 
 
-async def prepare_stats(queue: SplitQueue) -> None:
+async def prepare_stats(queue: ShownSplit) -> None:
     """What a snapshot would otherwise compute on the event loop, done in a thread first (a
     mixture's schedule simulation after a weight change, its epoch records' listing)."""
     if queue.mixture_view is not None:
         await asyncio.to_thread(queue.mixture_view.prepare, list(queue.mixture_changes))
 
 
-def mixture_stats(queue: SplitQueue) -> dict | None:
+def mixture_stats(queue: ShownSplit) -> dict | None:
     """A mixture split's per-source counts (mixture/stats.py), from its consumed files."""
     if queue.mixture_view is None:
         return None

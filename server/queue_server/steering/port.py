@@ -58,10 +58,6 @@ class SteeredSplit(Protocol):
         """The first seq past every seq made or being made (a change may start there)."""
         ...
 
-    def earliest_unmade(self) -> int:
-        """The first seq of slot 0 not made or being made (a composer's next pick)."""
-        ...
-
     def change_point(self, position: int | None, earliest: int) -> int:
         """The seq a change starts at: from the caller's position, never before `earliest`."""
         ...
