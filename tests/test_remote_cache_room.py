@@ -127,3 +127,37 @@ def test_copies_read_once_are_held_only_while_read(tmp_path: Path) -> None:
             ]
         squeeze.evict()
         assert not any(p.exists() for p in paths)
+
+
+def test_a_process_killed_as_its_block_lands_leaves_the_cache_within_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """A worker stopped mid-fetch can die between putting a block in place and evicting for
+    it: room is made before the block lands, so the cache stays within cache_bytes."""
+    from queue_providers.remote.cache import BlockCache
+
+    cache_dir = tmp_path / "input-cache"
+    cache = BlockCache(cache_dir, 3 * BLOCK)
+    for i in range(3):
+        cache.put(f"blk-{i}", bytes([i]) * BLOCK)
+    assert cache.total_bytes() == 3 * BLOCK
+    # The child dies (SIGKILL, by its own hand) at its first eviction after the rename.
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from queue_providers.remote.cache import BlockCache
+
+        class Dies(BlockCache):
+            def evict(self, keep=None, room=0):
+                if keep is not None:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                super().evict(keep, room)
+
+        Dies({str(cache_dir)!r}, {3 * BLOCK}).put("blk-new", b"n" * {BLOCK})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=subprocess_env(), timeout=60)
+    assert proc.returncode == -9
+    assert cache.get("blk-new", BLOCK) == b"n" * BLOCK  # it landed
+    assert cache.total_bytes() <= 3 * BLOCK
+    assert cache.get("blk-0", BLOCK) is None  # the least recently used made room

@@ -2,7 +2,9 @@
 
 Recency is the file's mtime (touched on every hit), so the worker processes of a dataset
 share one cache without a lock: each insert scans the directory and evicts the oldest until
-the total fits. An entry is renamed into place whole, never seen half-written.
+the total with it fits, renames the entry into place whole (never seen half-written), and
+scans again for what other processes put meanwhile. So a process killed between the two
+(a worker stopped mid-fetch) leaves the cache within its bytes.
 
 A whole copy that a reader has open (a memory-mapped .bin) is *in use*: its process holds a
 shared flock on it (`pin`), and eviction takes an exclusive one without waiting before it
@@ -58,6 +60,10 @@ class BlockCache:
             return
         path = input_cache_file(self.directory, name)
         self.directory.mkdir(parents=True, exist_ok=True)
+        # Room first: a process killed right after the rename (a worker stopped mid-fetch)
+        # leaves the cache within max_bytes. The second pass takes out what other processes
+        # put meanwhile.
+        self.evict(room=len(data))
         tmp = temp_path(path)
         try:
             with open(tmp, "wb") as f:
@@ -68,9 +74,9 @@ class BlockCache:
             raise
         self.evict(keep=path)
 
-    def evict(self, keep: Path | None = None) -> None:
-        """Delete the least recently used files not in use until the rest fit in max_bytes;
-        also the temp files of processes that died while writing here."""
+    def evict(self, keep: Path | None = None, room: int = 0) -> None:
+        """Delete the least recently used files not in use (but `keep`) until the rest fit in
+        max_bytes less `room`; also the temp files of processes that died while writing here."""
         entries = []
         try:
             scan = list(os.scandir(self.directory))
@@ -90,7 +96,7 @@ class BlockCache:
             entries.append((st.st_mtime_ns, entry.path, st.st_size))
         total = sum(size for _, _, size in entries)
         for _, path, size in sorted(entries):
-            if total <= self.max_bytes:
+            if total + room <= self.max_bytes:
                 break
             if keep is not None and path == str(keep):
                 continue
