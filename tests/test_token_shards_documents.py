@@ -120,3 +120,36 @@ def test_a_prepared_corpus_without_its_document_starts_is_refused_at_start(
     with pytest.raises(ConfigError, match=r"shard-000000\.docs\.npy"):
         provider(tmp_path, {"inputs": [str(d)]})
     provider(tmp_path, {"inputs": [str(d)], "order": "windows"})  # windows need no documents
+
+
+def test_a_document_cut_by_a_shard_end_is_read_on_and_explained_where_it_lies(
+    tmp_path: Path,
+) -> None:
+    """A prepared corpus cuts documents at shard ends (continues_document): each is packed
+    whole with the shard it starts in, read on from the next shards, and a row's provenance
+    names the shard and offset that really hold its first token."""
+    from queue_providers.prepare import main
+
+    rng = np.random.default_rng(3)
+    docs = [f"doc {i:03d} " + "ab " * int(k) for i, k in enumerate(rng.integers(0, 120, 60))]
+    docs[40] = "doc 040 " + "xyz " * 600  # past a whole shard of 1024
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    out = tmp_path / "prep"
+    args = ["--input", str(corpus), "--separator", "", "--out", str(out), "--no-progress"]
+    assert main([*args, "--shard-tokens", "1024"]) == 0
+    shards = {str(p): np.load(p) for p in sorted(out.glob("shard-*[0-9].npy"))}
+    p, meta = provider(tmp_path, {"inputs": [str(out)]})
+    n = meta["split_info"]["train"]["windows"]
+    per_file = 12
+    continued = 0
+    for seq, batch in enumerate(files(p, tmp_path, -(-n // per_file))):
+        ids = batch["input_ids"].reshape(-1, T).numpy()
+        eos = ids == 256
+        # Segments count documents from 1 in each window: a cut piece would end in no EOS.
+        expected = 1 + np.cumsum(eos, 1) - eos
+        assert np.array_equal(batch["segment_ids"].reshape(-1, T).numpy(), expected)
+        for row, where in enumerate(p.provenance("train", seq, range(per_file))):
+            assert shards[where["file"]][where["token_offset"]] == ids[row, 0]
+            continued += where["document"] == -1  # in the end of a document of the shard before
+    assert continued > 0

@@ -17,6 +17,7 @@ from support.token_files import write_llmc, write_megatron, write_prepared
 from queue_client.format.batchfile import load_batch_file
 from queue_providers import ProviderContext, create
 from queue_providers.inputs import describe_inputs
+from queue_providers.prepare import main as prepare_main
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,28 @@ def test_every_format_at_a_url_serves_what_the_local_files_serve(
     )
     for x, y in zip(files_of(c, tmp_path, "c"), files_of(d, tmp_path, "d"), strict=True):
         assert torch.equal(x, y)
+    # A prepared corpus's documents cut at shard ends are read on from the next shard at a
+    # URL as on disk (each continuing shard's first document start, one ranged read).
+    text = "\n\n".join(f"doc {i} " + "ab " * (i * 7 % 90) for i in range(40))
+    (tmp_path / "cut.txt").write_text(text + "\n", encoding="utf-8")
+    out = local / "cut"
+    args = ["--input", str(tmp_path / "cut.txt"), "--separator", "", "--out", str(out)]
+    assert prepare_main([*args, "--no-progress", "--shard-tokens", "1024"]) == 0
+    for path in sorted(out.iterdir()):
+        client.put_object(Bucket=bucket, Key=f"cut/{path.name}", Body=path.read_bytes())
+    cut = {"order": "documents", "vocab_size": 257}
+    e = build(tmp_path, "local-cut", {"inputs": [str(out)], **cut})
+    f = build(tmp_path, "remote-cut", {"inputs": [f"s3://{bucket}/cut"], "remote": remote, **cut})
+    assert any(s.continuation for s in f.corpora["train"].shards)
+    for seq in range(4):
+        made = []
+        for p, tag in ((e, "e"), (f, "f")):
+            folder = tmp_path / f"q-{tag}"
+            folder.mkdir(exist_ok=True)
+            made.append(load_batch_file(folder / str(p.produce_file("train", seq, folder).name)))
+        assert made[0].tensors.keys() == made[1].tensors.keys() >= {"input_ids", "labels"}
+        for name, value in made[0].tensors.items():
+            assert torch.equal(value, made[1].tensors[name]), name
     records = describe_inputs(b.input_files())
     assert all(key.startswith(f"s3://{bucket}/") for key in records)
     cache = tmp_path / "remote" / "ts" / "input-cache"

@@ -3,10 +3,13 @@
 Epoch e visits the shards in an order of its own (a keyed permutation of the shards), and
 each shard's documents in an order of their own (a keyed permutation of its documents); a
 shard's documents, laid end to end in that order, form a stream as long as the shard, cut
-into the same (t - 1) // T windows as in window order. So an epoch still serves every
-window of every shard exactly once, and row i of an epoch reads window k of the shard it
-falls in. Memory is one shard's documents (their starts and one permutation), never the
-corpus's: a file's rows lie in one or two consecutive shards of the epoch's order.
+into (t - 1) // T windows as in window order. So an epoch serves every window of every
+shard's stream exactly once, and row i of an epoch reads window k of the shard it falls in.
+A document cut by a shard's end (a prepared corpus's continues_document) belongs to the
+shard it starts in and is read on from the next, whose stream starts at its own first
+document: a stream's t is then its documents' tokens. Memory is one shard's documents
+(their starts and one permutation), never the corpus's: a file's rows lie in one or two
+consecutive shards of the epoch's order.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from queue_client.errors import ConfigError
 from queue_providers.token_shards.corpus import CorpusIndex
 from queue_providers.token_shards.order import EpochOrder
 
@@ -23,41 +27,74 @@ if TYPE_CHECKING:
 
 
 class ShardStream:
-    """One shard's documents in one epoch's order: where each position of the stream reads."""
+    """One shard's documents in one epoch's order: where each position of the stream reads.
+
+    `starts` are the documents that start in the shard; the stream runs from the first to
+    `end` (past the shard's own tokens when its last document goes on in the next shards).
+    Tokens before `begin`, the end of a document of the shard before, are not the shard's."""
 
     def __init__(
-        self, starts: np.ndarray, tokens: int, order_key: tuple[int, str], epoch: int
+        self, starts: np.ndarray, begin: int, end: int, order_key: tuple[int, str], epoch: int
     ) -> None:
         starts = np.asarray(starts, dtype=np.int64)
-        if len(starts) == 0 or starts[0] != 0:  # tokens before the first document: one more
-            starts = np.concatenate([[0], starts])
-        lengths = np.diff(np.concatenate([starts, [tokens]]))
+        if len(starts) == 0 or starts[0] != begin:  # tokens before the first document: one more
+            starts = np.concatenate([[begin], starts])
+        lengths = np.diff(np.concatenate([starts, [end]]))
         perm = EpochOrder(len(starts), *order_key).permute(epoch, np.arange(len(starts)))
         self.source_start = starts[perm]
         self.stream_start = np.concatenate([[0], np.cumsum(lengths[perm])]).astype(np.int64)
 
     def read_positions(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(shard token index, document number in the stream, last token of a document?) of
-        each stream position."""
+        """(token index from the shard's start, which may lie past its end, document number in
+        the stream, last token of a document?) of each stream position."""
         doc = np.searchsorted(self.stream_start, positions, side="right") - 1
         source = self.source_start[doc] + (positions - self.stream_start[doc])
         return source, doc, positions == self.stream_start[doc + 1] - 1
 
 
 class DocumentOrder:
-    """Global rows to (shard, window) in the shard-major order, and each shard's stream."""
+    """Global rows to (shard, window) in the shard-major order, and each shard's stream.
+
+    A shard's stream holds the documents that start in it, whole: one cut by the shard's end
+    (a prepared corpus's continues_document) is read on into the next shards, and those
+    shards' streams start at their own first document. So a shard has (own - 1) // T windows
+    of its `own` tokens, and the epoch's windows are those of the documents, not of the
+    files (window order's CorpusIndex)."""
 
     def __init__(self, corpus: CorpusIndex, seed: int, split: str) -> None:
         self.corpus = corpus
         self.seed = seed
         self.split = split
-        self.windows_per_shard = np.diff(corpus.first_window)
+        tokens = np.array([s.tokens for s in corpus.shards], dtype=np.int64)
+        self.token_start = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+        # lead[i]: tokens at shard i's start that end the document before (one read each).
+        self.lead = np.array(
+            [s.continuation() if i and s.continuation else 0 for i, s in enumerate(corpus.shards)],
+            dtype=np.int64,
+        )
+        # run_on[i]: tokens past shard i's end that its last document takes from the shards
+        # after it: their leads, through every shard no document starts in.
+        run_on = np.zeros_like(tokens)
+        for i in range(len(tokens) - 2, -1, -1):
+            whole = self.lead[i + 1] == tokens[i + 1]
+            run_on[i] = self.lead[i + 1] + (run_on[i + 1] if whole else 0)
+        self.end = tokens + run_on
+        own = np.where(self.lead < tokens, self.end - self.lead, 0)
+        block = corpus.block_size
+        self.windows_per_shard = np.where(own > block, (own - 1) // block, 0)
+        self.first_window = np.concatenate([[0], np.cumsum(self.windows_per_shard)])
+        self.n_windows = int(self.first_window[-1])
+        if self.n_windows == 0:
+            raise ConfigError(
+                f"token_shards: split {split!r} has no window of block_size+1={block + 1} tokens "
+                f"of documents that start in one shard: they hold at most {int(own.max())}"
+            )
         self.shard_order = EpochOrder(len(corpus.shards), seed, f"{split}/shards")
         self._streams: dict[tuple[int, int], ShardStream] = {}
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(epoch, shard, window within the shard) of each global row."""
-        n = self.corpus.n_windows
+        n = self.n_windows
         epochs, positions = np.divmod(np.asarray(rows, dtype=np.int64), n)
         shards = np.empty_like(positions)
         windows = np.empty_like(positions)
@@ -77,11 +114,37 @@ class DocumentOrder:
         if found is None:
             s = self.corpus.shards[shard]
             starts = s.doc_starts() if s.doc_starts is not None else np.zeros(1, np.int64)
-            found = ShardStream(starts, s.tokens, (self.seed, f"{self.split}/docs/{shard}"), epoch)
+            found = ShardStream(
+                starts,
+                int(self.lead[shard]),
+                int(self.end[shard]),
+                (self.seed, f"{self.split}/docs/{shard}"),
+                epoch,
+            )
             while len(self._streams) >= 2:
                 self._streams.pop(next(iter(self._streams)))
             self._streams[key] = found
         return found
+
+    def window_starts(
+        self, epochs: np.ndarray, shards: np.ndarray, windows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, token index in it) of each window's first token, for provenance: a window
+        may start in the next shard, in the end of a document that runs on."""
+        files, offsets = np.empty_like(windows), np.empty_like(windows)
+        for epoch, index in set(zip(epochs.tolist(), shards.tolist(), strict=True)):
+            now = (epochs == epoch) & (shards == index)
+            positions = windows[now] * self.corpus.block_size
+            source = self.stream(index, epoch).read_positions(positions)[0]
+            files[now], offsets[now] = self.place(index, source)
+        return files, offsets
+
+    def place(self, shard: int, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, token index in it) of each token index counted from `shard`'s start:
+        those past its end lie in the shards after it."""
+        at = self.token_start[shard] + source
+        files = np.searchsorted(self.token_start, at, side="right") - 1
+        return files, at - self.token_start[files]
 
 
 IGNORE = -100

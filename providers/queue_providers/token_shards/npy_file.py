@@ -64,10 +64,11 @@ def _header_length(head: bytes) -> tuple[tuple[int, int], int, int]:
     return version, 8 + width, int.from_bytes(head[8 : 8 + width], "little")
 
 
-def npy_values(location: Location, what: str, kinds: str) -> np.ndarray:
+def npy_values(location: Location, what: str, kinds: str, limit: int | None = None) -> np.ndarray:
     """The 1-D array of a small .npy (a shard's document starts), read after its header says
-    it holds ints of a kind in `kinds`: mapped locally, one ranged read at a URL. No pickle
-    can be loaded: the dtype is checked before a byte of data is read."""
+    it holds ints of a kind in `kinds`: mapped locally, one ranged read at a URL; only its
+    first `limit` values when given. No pickle can be loaded: the dtype is checked before a
+    byte of data is read."""
     where = shown(location)
     shape, _, dtype, offset = npy_header(location)
     if len(shape) != 1 or dtype.hasobject or dtype.kind not in kinds:
@@ -78,12 +79,13 @@ def npy_values(location: Location, what: str, kinds: str) -> np.ndarray:
             f"token_shards: {where} is {size} bytes but its header describes {shape[0]} {dtype} "
             f"values ({offset + shape[0] * dtype.itemsize} bytes)"
         )
-    if shape[0] == 0:
+    count = shape[0] if limit is None else min(limit, shape[0])
+    if count == 0:
         return np.zeros(0, dtype=dtype)
     if isinstance(location, RemoteObject):
-        data = location.store.fetch(location, offset, size)
+        data = location.store.fetch(location, offset, offset + count * dtype.itemsize)
         return np.frombuffer(data, dtype=dtype)
-    return np.memmap(location, dtype, "r", offset, shape)
+    return np.memmap(location, dtype, "r", offset, (count,))
 
 
 def read_npy(location: Location, wanted: np.dtype | None) -> Shard:

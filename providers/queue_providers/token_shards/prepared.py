@@ -4,9 +4,14 @@
                     "dtype": "uint16" | "uint32", "vocab_size": int, "eos_id": int,
                     "tokenizer": {...},
                     "shards": [{"file": "shard-000000.npy", "tokens": int,
-                                "documents": int, "sha256": hex}, ...]}
+                                "documents": int, "sha256": hex,
+                                "continues_document": bool}, ...]}
     shard-000000.npy        a 1-D array of `dtype` ids
-    shard-000000.docs.npy   int64: the start of each document in that shard
+    shard-000000.docs.npy   int64: the start of each document that starts in that shard
+
+A document cut by a shard's end goes on at offset 0 of the next shard, whose entry then says
+continues_document; order = "documents" packs it whole with the shard it starts in
+(Shard.continuation says how many tokens of the next shard are its end).
 
 Only the manifest and each shard's .npy header are read at start; a shard's document starts
 are read, and checked entry by entry (doc_starts.py), when order = "documents" first packs
@@ -84,14 +89,19 @@ def read_prepared(
         raise ConfigError(f"token_shards: {where}: shards must be a non-empty list")
     shards, sums = [], []
     for i, entry in enumerate(entries):
-        shard, digest = _shard(manifest, store, entry, f"{where}: shards[{i}]", dtype)
+        shard, digest = _shard(manifest, store, entry, f"{where}: shards[{i}]", dtype, i)
         shards.append(shard)
         sums.append(digest)
     return PreparedCorpus(manifest, vocab_size, eos_id, tuple(shards), tuple(sums))
 
 
 def _shard(
-    manifest: Location, store: RemoteStore | None, entry: Any, where: str, dtype: np.dtype
+    manifest: Location,
+    store: RemoteStore | None,
+    entry: Any,
+    where: str,
+    dtype: np.dtype,
+    index: int,
 ) -> tuple[Shard, str]:
     if not isinstance(entry, dict):
         raise ConfigError(f"token_shards: {where} is {entry!r}, expected a table")
@@ -132,8 +142,25 @@ def _shard(
     def check_documents() -> None:
         _check_docs(_beside(manifest, store, docs_name), entry.get("documents"), tokens)
 
+    def continuation() -> int:
+        """The tokens before the shard's first document start: one ranged read of it."""
+        location = _beside(manifest, store, docs_name)
+        first = npy_values(location, "document starts", "iu", limit=1)
+        if not len(first):
+            return tokens
+        check_doc_starts(first, tokens, None, shown(location), first_zero=False)
+        return int(first[0])
+
+    continues = index > 0 and entry.get("continues_document") is True
     made = Shard(
-        location, "prepared", shard.dtype, shard.offset, tokens, doc_starts, check_documents
+        location,
+        "prepared",
+        shard.dtype,
+        shard.offset,
+        tokens,
+        doc_starts,
+        check_documents,
+        continuation if continues else None,
     )
     return made, digest
 

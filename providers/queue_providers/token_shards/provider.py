@@ -182,8 +182,8 @@ class TokenShardsProvider(DataProviderBase):
             "split_info": {
                 # tokens: what one epoch serves (its windows' x positions), for epoch counts.
                 split: {
-                    "tokens": c.n_windows * t,
-                    "windows": c.n_windows,
+                    "tokens": self.epoch_windows(split) * t,
+                    "windows": self.epoch_windows(split),
                     "corpus_tokens": c.tokens,
                     "shards": len(c.shards),
                 }
@@ -245,16 +245,16 @@ class TokenShardsProvider(DataProviderBase):
         at = check_rows(rows, self.rows_per_file, f"{WHERE} split {split!r} seq {seq}")
         if self.order == "documents":  # a window's first token, in its shard's stream
             order = self.documents[split]
-            epochs, shard, windows = order.locate(seq * self.rows_per_file + at)
-            start = np.empty_like(windows)
-            for epoch, index in set(zip(epochs.tolist(), shard.tolist(), strict=True)):
-                now = (epochs == epoch) & (shard == index)
-                stream = order.stream(index, epoch)
-                start[now] = stream.read_positions(windows[now] * self.block_size)[0]
+            shard, start = order.window_starts(*order.locate(seq * self.rows_per_file + at))
         else:
             shard, start = (column[at] for column in self._placed(split, seq))
         shards = self.corpora[split].shards
         return window_rows([s.shown for s in shards], [s.doc_starts for s in shards], shard, start)
+
+    def epoch_windows(self, split: str) -> int:
+        """The windows one epoch of `split` serves: its documents' (order = "documents")."""
+        order = self.documents.get(split)
+        return order.n_windows if order is not None else self.corpora[split].n_windows
 
     def _made_by_base(self, split: str, seq: int) -> Any:
         """The base class's file, from the rows placed in _file_rows."""
@@ -267,7 +267,7 @@ class TokenShardsProvider(DataProviderBase):
         """The rows of file seq at a multiple of the split's windows (past row 0)."""
         if not self.ordered_epochs:
             return []
-        n, first = self.corpora[split].n_windows, seq * self.rows_per_file
+        n, first = self.epoch_windows(split), seq * self.rows_per_file
         epoch = -(-first // n)  # the first epoch that starts at or after the file
         out = []
         while epoch * n < first + self.rows_per_file:
@@ -300,8 +300,7 @@ class TokenShardsProvider(DataProviderBase):
         for epoch, shard in sorted(set(zip(epochs.tolist(), shards.tolist(), strict=True))):
             at = (epochs == epoch) & (shards == shard)
             source, docs[at], last[at] = order.stream(shard, epoch).read_positions(positions[at])
-            tokens[at] = self._reader(split, shard).take(source)
-            self._check_ids(split, shard, tokens[at])
+            tokens[at] = self._take(split, *order.place(shard, source))
         if not self.document_fields:
             import torch  # document rows go through the base class's torch way
 
@@ -320,6 +319,15 @@ class TokenShardsProvider(DataProviderBase):
             at = shard == index
             out[at] = rows = self._reader(split, index).windows(start[at], length)
             self._check_ids(split, index, rows)
+        return out
+
+    def _take(self, split: str, files: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """The tokens at `offsets` of shards `files` (a document may run on into the next)."""
+        out = np.empty(offsets.shape, dtype=np.int64)
+        for index in np.unique(files).tolist():
+            on = files == index
+            out[on] = self._reader(split, index).take(offsets[on])
+            self._check_ids(split, index, out[on])
         return out
 
     def _check_ids(self, split: str, index: int, rows: np.ndarray) -> None:

@@ -40,6 +40,10 @@ class Shard:
     # Checks, from headers only, that doc_starts() can be read: called at start when the
     # documents are needed (ConfigError naming the file when not).
     check_documents: Callable[[], None] | None = None
+    # How many tokens at its start end the previous shard's last document (a prepared shard
+    # whose manifest says continues_document; all of them when no document starts in it),
+    # read when asked for; None when the shard starts with a document of its own.
+    continuation: Callable[[], int] | None = None
 
     @property
     def shown(self) -> str:
