@@ -135,6 +135,25 @@ def test_a_skip_from_rank_0_reaches_the_ranks_of_every_server(start_server, tmp_
     expect_skipped(got, want4)
 
 
+def test_a_rank_fed_by_a_fetch_helper_skips_what_another_rank_asked_mid_run(
+    start_server, tmp_path: Path
+) -> None:
+    """Rank 1 reads through its fetch helper process, which leases: the skip rank 0 asks for
+    at step 2 reaches it through the helper's lease replies, before step 16."""
+    want, _ = reference(start_server, tmp_path)
+    server = start_server(CONFIG, data_root=tmp_path / "root")
+    clients = [
+        QueueClient(server.address, "d", rank=r, world_size=W, fetch_process=r == 1)
+        for r in range(W)
+    ]
+    try:
+        got = lockstep(clients, range(STEPS), skip_at=2)
+    finally:
+        for c in clients:
+            c.close()
+    expect_skipped(got, want)
+
+
 def test_a_plan_advanced_by_rows_and_the_files_it_passes_over() -> None:
     from queue_client.streaming.resume import StreamPlan
     from queue_client.streaming.skipping import StepSkips, advanced, passed_over

@@ -375,14 +375,14 @@ class QueueClient(ExplainMixin, SkippingMixin, LeaseMixin, SteeringMixin):
         self._check_split(split)
         self._list_skips(split)  # one call as a stream opens
         self._skip_if_due(split, self._step_skips[split])  # a resume inside a skip moves on
-        plan: StreamPlan | None = None
-        if self.mode == "deterministic":
-            plan = self._resume.pop(split, StreamPlan((), self.world.rank))
+        deterministic = self.mode == "deterministic"
+        plan = self._resume.pop(split, StreamPlan((), self.world.rank)) if deterministic else None
         schema = split_schema(self.meta, split)
-        codec = codec_for(schema)
         if self.fetch_process:
             if self._helper is None:
-                self._helper = HelperLink(self._helper_kwargs, self._helper_token)
+                self._helper = HelperLink(
+                    self._helper_kwargs, self._helper_token, on_skips=self._learn_skips
+                )
             stream: SplitStream = open_helper_stream(self, self._helper, split, schema, plan)
         else:
             stream = SplitStream(
@@ -394,7 +394,7 @@ class QueueClient(ExplainMixin, SkippingMixin, LeaseMixin, SteeringMixin):
                 prefetch=self.prefetch_files if self.prefetch else 0,
                 timeout_s=self.timeout_s,
                 clock=time.monotonic,
-                dependence=rows_dependence(self.meta, codec, split),
+                dependence=rows_dependence(self.meta, codec_for(schema), split),
             )
         self._streams[split] = stream
         return stream

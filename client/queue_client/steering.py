@@ -150,9 +150,13 @@ class SkippingMixin:
         return ranges
 
     def _note_skips(self, split: str, skips: Sequence[pb.StepRange]) -> None:
+        self._learn_skips(split, [(r.from_step, r.to_step) for r in skips])
+
+    def _learn_skips(self, split: str, ranges: Sequence[tuple[int, int]]) -> None:
+        """Skipped steps a lease reply gave: this client's, or its fetch helper's passed on."""
         found = self._step_skips.get(split)
         if found is not None:
-            found.learn((r.from_step, r.to_step) for r in skips)
+            found.learn(ranges)
 
     def _list_skips(self, split: str) -> None:
         """Learn the split's skips as a stream opens (a lease reply tells of later ones)."""

@@ -81,6 +81,8 @@ class Helper:
         self.rings: dict[str, Ring] = {}
         self.held: dict[tuple[int, int], Any] = {}  # (split index, slot) -> its StoredFile
         self.splits: dict[int, str] = {}  # the trainer's index of each split -> its name
+        self._skips_sent: dict[int, tuple[tuple[int, int], ...]] = {}  # per split index
+        self._skips_lock = threading.Lock()
         self._held_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="fetch-helper")
 
@@ -118,8 +120,19 @@ class Helper:
             loaded.arrays, loaded.keep = [], None
         with self._held_lock:
             self.held[(index, slot)] = loaded
+        self._pass_on_skips(index, split)
         self.send(wire.ready_frame(index, slot, loaded.seq, loaded.num_batches,
                                    loaded.batch_size, layout, loaded.ref.lease_id))  # fmt: skip
+
+    def _pass_on_skips(self, index: int, split: str) -> None:
+        """The split's skipped steps, sent before a file when a lease reply changed them
+        (SkipSteps called meanwhile, by any rank): the trainer skips them as it reaches them."""
+        skips = self.source.skips.get(split, ())
+        with self._skips_lock:
+            if self._skips_sent.get(index, ()) == skips:
+                return
+            self._skips_sent[index] = skips
+            self.send(wire.json_frame({"op": "skips", "split": index, "ranges": skips}))
 
     def _copy_in(self, index: int, split: str, slot: int, loaded: Any, slots: int) -> int:
         """Copy the file's stored rows into `slot` of the split's ring (made at the first

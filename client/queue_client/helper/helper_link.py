@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,12 @@ class _Ring:
 class HelperLink:
     """One helper process for one QueueClient, for all its splits."""
 
-    def __init__(self, client_kwargs: dict[str, Any], token: str | None) -> None:
+    def __init__(
+        self,
+        client_kwargs: dict[str, Any],
+        token: str | None,
+        on_skips: Callable[[str, Sequence[tuple[int, int]]], None] = lambda split, ranges: None,
+    ) -> None:
         if not hasattr(os, "memfd_create") or not hasattr(socket, "send_fds"):
             raise errors.InvalidRequest(
                 "fetch_process=True needs Linux (memfd_create and passing file descriptors "
@@ -98,6 +104,7 @@ class HelperLink:
         self.ring_slots: dict[str, int] = {}  # per split, the slots its streams use
         # Per split: messages about slots not asked for yet ("ready"/"error" by slot).
         self._arrived: dict[tuple[str, int], Any] = {}
+        self.on_skips = on_skips  # a split's skipped steps, as the helper's leases give them
         self.closed = False
         try:
             self.send(wire.json_frame({"op": "start", "client": client_kwargs}))
@@ -233,6 +240,8 @@ class HelperLink:
             self.rings[split] = _Ring(int(msg["slots"]), int(msg["slot_bytes"]), m, base)
         elif op == "layout":
             self.rings[split].layouts[int(msg["id"])] = msg["fields"]
+        elif op == "skips":  # sent before the file whose lease reply told of them
+            self.on_skips(split, [(int(a), int(b)) for a, b in msg["ranges"]])
         elif op == "error" and int(msg.get("slot", -1)) >= 0:
             self._arrived[(split, int(msg["slot"]))] = msg
         else:

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,11 @@ class HelperSource(LeaseMixin):
         self._stop_renewing = threading.Event()
         self._renewer: threading.Thread | None = None
         self._stored_names: dict[str, tuple[str, ...]] = {}
+        # Per split, the skipped steps the latest lease reply gave (the helper passes them on).
+        self.skips: dict[str, tuple[tuple[int, int], ...]] = {}
+
+    def _note_skips(self, split: str, skips: Sequence[pb.StepRange]) -> None:
+        self.skips[split] = tuple((int(r.from_step), int(r.to_step)) for r in skips)
 
     def stored_names(self, split: str) -> tuple[str, ...]:
         names = self._stored_names.get(split)
