@@ -108,13 +108,14 @@ def test_a_fresh_server_that_replaces_a_lost_one_serves_the_changed_rows(
 ) -> None:
     """After the change, server B is SIGKILLed and replaced by a fresh one on an empty data
     root; ranks 2 and 3 resume from their checkpoint there and read exactly the rows of the
-    one-server run, the change included (the fresh server read it from the plane)."""
+    one-server run, the change included (the fresh server read it from the plane, starting
+    at the log's latest snapshot: one every 4 records here)."""
     dirs = write_sources(tmp_path)
     steps, call_at, kill_at = 10 * NB, 2 * NB + 1, 6 * NB
     want, _ = one_server_run(tmp_path, dirs, steps, call_at)
     store = ControlStore(tmp_path / "store", subprocess_env())
     try:
-        config = mixture("mix", dirs)
+        config = "[server]\ncontrol_snapshot_records = 4\n" + mixture("mix", dirs)
         a = start_server(config, data_root=tmp_path / "a", args=node_args("0,1", store))
         b = start_server(config, data_root=tmp_path / "b", args=node_args("2,3", store))
         addresses = [a.address, a.address, b.address, b.address]
@@ -136,6 +137,7 @@ def test_a_fresh_server_that_replaces_a_lost_one_serves_the_changed_rows(
         for c in clients:
             c.close()
         same_rows([g + m for g, m in zip(got, more, strict=True)], want)
+        assert "control log read from its snapshot at record" in fresh.log()
     finally:
         store.kill()
 

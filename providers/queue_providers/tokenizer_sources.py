@@ -298,11 +298,9 @@ def _load_registered(name: str, *, who: str) -> tuple[dict[str, Any], list[Path]
             f"{who}: tokenizer 'tiktoken:{name}' needs the tiktoken package: "
             "pip install 'batchqueue[hf]'"
         ) from None
-    with _TIKTOKEN_LOCK:
-        if registry.ENCODING_CONSTRUCTORS is None:
-            registry._find_constructors()
+    known = registry.list_encoding_names()  # finds the plugins' constructors once
     constructors = registry.ENCODING_CONSTRUCTORS or {}
-    if name not in constructors:
+    if name not in known:
         raise ConfigError(
             f"{who}: tokenizer 'tiktoken:{name}': tiktoken has no encoding {name!r}; it has "
             f"{sorted(constructors)} (or give a .tiktoken ranks file)"

@@ -84,7 +84,9 @@ async def _http_range(fs: Any, url: str, start: int, end: int, identity: str) ->
         found = answer.headers.get("ETag", "")
         if answer.status == 412:
             raise ObjectChanged(identity, f"etag:{found}" if found else "")
-        fs._raise_not_found_for_status(answer, url)
+        if answer.status == 404:
+            raise FileNotFoundError(url)
+        answer.raise_for_status()
         if etag and not (found and same_etag(found, etag)):
             raise ObjectChanged(identity, f"etag:{found}" if found else "no ETag")
         modified = identity.partition(":")[2] if identity.startswith("modified:") else None
@@ -105,6 +107,8 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, identity: str) -> 
         request["VersionId"] = version
     if etag:
         request["IfMatch"] = etag
+    # s3fs's public reads take no IfMatch; its _call_s3 keeps its client, region and
+    # credentials handling (the one private name of another package used here).
     try:
         answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, **request)
     except Exception as exc:

@@ -47,7 +47,7 @@ class RemoteStore:
         package to install when fsspec or the protocol's implementation is missing."""
         try:
             import fsspec
-            from fsspec.core import split_protocol
+            from fsspec.core import split_protocol, strip_protocol
         except ImportError:
             raise ConfigError(
                 f"{where(url)} is a URL, and reading URLs needs fsspec: {EXTRA_HINT}"
@@ -80,7 +80,7 @@ class RemoteStore:
                 if protocol == "s3" and hasattr(fs, "retries"):
                     fs.retries = 1  # s3fs's own retry loop: batchqueue's bounds the time
                 self._filesystems[protocol] = fs
-        return fs, fs._strip_protocol(url)
+        return fs, strip_protocol(url)
 
     def retry(self, what: str, url: str, call: Callable[[float], T]) -> T:
         """call(time_left), retried within the settings' attempts and retry_seconds."""

@@ -58,6 +58,7 @@ MAX_LEASE_TTL_S = 86_400.0
 MAX_ACQUIRE_WAIT_S = 3_600.0
 # FetchFile streams open at once: far more than one server's ranks ever fetch together.
 MAX_FETCH_STREAMS = 65_536
+MAX_SNAPSHOT_RECORDS = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ class ServerConfig:
     # The store's keys are under batchqueue/<control_namespace>/: one namespace per job that
     # shares a store with others.
     control_namespace: str = "default"
+    # Records of a split's control log between its snapshots: a server that joins reads the
+    # latest snapshot and the records after it, not the whole log (steering/log.py).
+    control_snapshot_records: int = 4096
     # A dataset that fails (config, inputs, provider) stops the server with exit code 2;
     # true keeps the others serving and reports the failed one NOT_SERVING with its reason.
     keep_serving: bool = False
@@ -173,6 +177,13 @@ class ServerConfig:
             "server.control_namespace",
             self.control_namespace,
             "1-64 letters, digits, '.', '_' or '-'",
+        )
+        check(
+            is_int(self.control_snapshot_records)
+            and 1 <= self.control_snapshot_records <= MAX_SNAPSHOT_RECORDS,
+            "server.control_snapshot_records",
+            self.control_snapshot_records,
+            f"an integer in [1, {MAX_SNAPSHOT_RECORDS}]",
         )
         names = [d.name for d in self.datasets]
         check(len(set(names)) == len(names), "datasets", names, "unique names")

@@ -40,5 +40,6 @@ def attach_plane(
             files_per_window=lambda: queue.schedule.files_per_window,
             on_unavailable=lambda why: on_unavailable(split, why, "control"),
             kick=queue.production.kick,
+            snapshot_every=server.control_snapshot_records,
         )
     )

@@ -28,7 +28,16 @@ from queue_server.journal.records import AlphaChange, MixtureChange, StepSkip
 from queue_server.mixture import changes as mixture_changes
 from queue_server.signal import Signal
 from queue_server.steering import skips
-from queue_server.steering.log import ALPHA, CHANGES, CLAIM, MIXTURE, SKIP, ControlLog, Entry
+from queue_server.steering.log import (
+    ALPHA,
+    CHANGES,
+    CLAIM,
+    MIXTURE,
+    SKIP,
+    SNAPSHOT_EVERY,
+    ControlLog,
+    Entry,
+)
 from queue_server.steering.port import SteeredSplit
 from queue_server.steering.store import ControlStore
 
@@ -52,8 +61,10 @@ class SplitPlane:
         files_per_window: Callable[[], int],
         on_unavailable: Callable[[str | None], None],
         kick: Callable[[], None],
+        snapshot_every: int = SNAPSHOT_EVERY,
     ) -> None:
         self.split = split
+        self._snapshot_every = snapshot_every
         self.address = address
         self._connect = connect
         self._prefix = prefix
@@ -189,7 +200,7 @@ class SplitPlane:
         claim is made again before it makes anything more."""
         store = await self._call(self._connect)
         if self.log is None:
-            self.log = ControlLog(store, self._prefix)
+            self.log = ControlLog(store, self._prefix, self._snapshot_every)
             self.tasks.spawn(self._watch())
             return
         self.log.store = store
@@ -252,8 +263,14 @@ class SplitPlane:
     async def _sync(self) -> None:
         assert self.log is not None
         async with self._lock:
+            fresh = not self.log.length
             for entry in await self._call(self.log.read_new):
                 await self._apply(entry)
+            if fresh and self.log.started_at:
+                log.info(
+                    "%s: control log read from its snapshot at record %d (%d changes in it)",
+                    self.split.where, self.log.started_at, self.log.changes_known,
+                )  # fmt: skip
 
     async def _republish(self) -> None:
         """Changes this server journaled that the log lacks (its store was started afresh):
