@@ -25,7 +25,7 @@ ARG TORCH_SPEC="torch==2.13.0+cpu"
 RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC}"
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY proto ./proto
 COPY client ./client
 COPY server ./server
@@ -33,8 +33,12 @@ COPY providers ./providers
 # "remote" lets inputs be s3://, gs:// or https:// URLs (docs/providers/inputs.md); add "hf"
 # for Hugging Face datasets and tiktoken (--build-arg EXTRAS=text,remote,hf). The compose
 # file's `ray` profile builds with EXTRAS="text,remote,ray".
+# Every version from constraints.txt, as `make setup` installs them, so a build today and one
+# next month install the same packages; triton is left to torch (a CUDA build pins its own).
 ARG EXTRAS="text,remote"
-RUN pip install ".[${EXTRAS}]"
+RUN grep -v '^triton==' constraints.txt > /tmp/constraints.txt \
+    && pip install -c /tmp/constraints.txt ".[${EXTRAS}]" \
+    && rm /tmp/constraints.txt
 
 # /config holds the config file and the inputs it names (mounted from the host); /data is the
 # data root (a named volume or a host directory).

@@ -68,7 +68,7 @@ PIP_KEYS = {
     "retries",
 }
 # What the Dockerfile copies into the image, and what .dockerignore keeps out of it.
-CONTEXT = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md")
+CONTEXT = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "constraints.txt")
 CONTEXT_DIRS = ("proto", "client", "server", "providers")
 IGNORED_PARTS = {"__pycache__", "data", "queue_data"}
 

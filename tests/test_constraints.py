@@ -75,3 +75,11 @@ def test_every_dependency_of_make_setup_is_pinned_within_its_range() -> None:
 
 def test_torch_is_pinned_as_make_setup_installs_it() -> None:
     assert _pins()["torch"] == Version("2.13.0")  # matches the CPU (+cpu) and CUDA builds alike
+
+
+def test_the_image_installs_through_the_pins_but_triton() -> None:
+    """The image pins what make setup pins, but triton: a CUDA build of torch pins its own."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY pyproject.toml README.md constraints.txt ./" in dockerfile
+    assert "grep -v '^triton==' constraints.txt > /tmp/constraints.txt" in dockerfile
+    assert 'pip install -c /tmp/constraints.txt ".[${EXTRAS}]"' in dockerfile
