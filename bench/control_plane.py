@@ -1,6 +1,7 @@
 """The control plane's cost: per steering change and per file, and the store's growth per day.
 
-    python -m bench.control_plane [--files 24] [--changes 20] [--json out.json]
+    python -m bench.control_plane [--files 24] [--changes 20] [--join-records 100000]
+                                  [--snapshot-every 4096] [--json out.json]
 
 Two node-local servers (ranks 0-1 and 2-3 of 4) share a control store (`queue-server
 control-store`, a torch.distributed TCPStore) and serve a three-source mixture of nanogpt_bin
@@ -10,6 +11,11 @@ what the store holds (records: claims and changes; bytes), the records and bytes
 made, and the latency of set_mixture with and without the plane (median and max over the
 calls), then extrapolates the store's growth per day for a run of 1,000 GPUs (125 servers of
 8 ranks) from the measured bytes per claim: a claim per server per round of files.
+
+Then what a server that joins late pays: `--join-records` records (claims, a change every
+100) appended to one log in the same store, and a fresh reader's store reads and seconds to
+catch up, starting at the latest snapshot (every `--snapshot-every` records) against reading
+the whole log.
 """
 
 from __future__ import annotations
@@ -89,7 +95,7 @@ def store_contents(address: str) -> dict[str, int]:
     store = TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=30))
     out = {"claims": 0, "changes": 0, "claim_bytes": 0, "change_bytes": 0}
     for key in store.list_keys():
-        if not key.startswith("batchqueue/"):
+        if not key.startswith("batchqueue/") or "/snapshot-" in key:
             continue
         value = bytes(store.get(key))
         kind = "claim" if json.loads(value).get("kind") == "claim" else "change"
@@ -98,7 +104,34 @@ def store_contents(address: str) -> dict[str, int]:
     return out
 
 
-def measure(workdir: Path, files: int, changes: int) -> dict[str, Any]:
+def join_cost(address: str, records: int, every: int) -> dict[str, Any]:
+    """A fresh reader's catch-up on a log of `records` records: from the latest snapshot, and
+    reading every record (the interval set past the log's length)."""
+    from queue_server.steering.log import CLAIM, MIXTURE, ControlLog
+    from queue_server.steering.store import TorchStore
+
+    host, port = address.rsplit(":", 1)
+    prefix = "batchqueue/bench-join/d/f/train/"
+    writer = ControlLog(TorchStore(host, int(port), timeout_s=60), prefix, every)
+    for i in range(records):
+        record: dict[str, Any] = {"kind": CLAIM, "horizon": 8 * i, "by": "bench"}
+        if i % 100 == 99:
+            record = {"kind": MIXTURE, "value": {"web": i % 7 + 1}, "at": 8 * i, "rank": 0}
+        writer.append(record)
+    out: dict[str, Any] = {"join_records": records, "snapshot_every": every}
+    for name, interval in (("snapshot", every), ("whole", 1 << 30)):
+        reader = ControlLog(TorchStore(host, int(port), timeout_s=60), prefix, interval)
+        began = time.perf_counter()
+        entries = reader.read_new()
+        out[f"join_s_{name}"] = time.perf_counter() - began
+        out[f"join_reads_{name}"] = reader.gets
+        out[f"join_changes_{name}"] = sum(1 for e in entries if e.kind != CLAIM)
+    return out
+
+
+def measure(
+    workdir: Path, files: int, changes: int, join_records: int, every: int
+) -> dict[str, Any]:
     text = config(workdir / "corpora")
     ready = workdir / "store.json"
     store = subprocess.Popen(
@@ -124,6 +157,7 @@ def measure(workdir: Path, files: int, changes: int) -> dict[str, Any]:
         with_plane = run(servers, files, changes)
         produced = sum(int(s.split_stats("mix")["produced_files"]) for s in servers)
         contents = store_contents(address)
+        joining = join_cost(address, join_records, every)
         for s in servers:
             s.kill()
         alone = ServerProcess(workdir / "alone", data_root=workdir / "root-alone", config_text=text)
@@ -151,6 +185,7 @@ def measure(workdir: Path, files: int, changes: int) -> dict[str, Any]:
         "set_mixture_ms_alone": [1000 * median(without), 1000 * max(without)],
         # 125 servers x one claim per round of files x rounds a day
         "store_mb_per_day_1000_gpus": 125 * rounds_per_day * per_claim / 1e6,
+        **joining,
     }
 
 
@@ -158,11 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.control_plane", description=__doc__)
     p.add_argument("--files", type=int, default=24, help="files each rank reads")
     p.add_argument("--changes", type=int, default=20, help="set_mixture calls from rank 0")
+    p.add_argument("--join-records", type=int, default=100_000, help="a late joiner's log")
+    p.add_argument("--snapshot-every", type=int, default=4096, help="records between snapshots")
     p.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bq-control-"))
     try:
-        figures = measure(workdir, args.files, args.changes)
+        figures = measure(workdir, args.files, args.changes, args.join_records, args.snapshot_every)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for key, value in figures.items():

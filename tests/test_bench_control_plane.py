@@ -16,7 +16,7 @@ def test_the_control_plane_bench_runs_and_counts_what_the_store_holds(tmp_path: 
     out = tmp_path / "figures.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.control_plane", "--files", "3", "--changes", "2",
-         "--json", str(out)],
+         "--join-records", "250", "--snapshot-every", "16", "--json", str(out)],
         capture_output=True, text=True, timeout=300, env=subprocess_env(),
         cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip
@@ -25,3 +25,6 @@ def test_the_control_plane_bench_runs_and_counts_what_the_store_holds(tmp_path: 
     assert figures["changes"] == 2, figures
     assert figures["claims"] >= 2 and figures["files_made"] > 0, figures
     assert figures["bytes_per_claim"] > 0 and figures["store_mb_per_day_1000_gpus"] > 0
+    # A late joiner gets the same changes either way, in fewer reads from the snapshots.
+    assert figures["join_changes_snapshot"] == figures["join_changes_whole"] == 2
+    assert figures["join_reads_snapshot"] < figures["join_reads_whole"] / 5
