@@ -266,6 +266,14 @@ def test_what_a_config_or_a_checkpoint_gets_wrong_is_refused_by_name(
         loader(dataset="")
     with pytest.raises(InvalidRequest, match=r"dataloader\.dataset_path is ./data.*leave it unset"):
         loader(dataset_path="/data")
+    # Ranks that are not all data-parallel ranks (tensor, context or pipeline parallel ones
+    # share a dp rank): here one process claims a dp degree of 2.
+    with pytest.raises(InvalidRequest, match=r"data-parallel degree 2 but 1 ranks.*pipeline"):
+        BatchQueueDataLoader(
+            BatchQueueDataLoader.Config(address=server.address, dataset="rows"),
+            seq_len=16,
+            **{**shape, "dp_world_size": 2},
+        )
     wrong = loader(seq_len=8)
     with pytest.raises(InvalidRequest, match=r"'x' .* \[2, 16\].*\[2, 8\].*training.seq_len"):
         next(iter(wrong))
