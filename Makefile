@@ -2,6 +2,7 @@
 # the suite; `make check` (what CI runs) lints, type-checks, checks the stubs and tests. All set
 # up .venv first (torch pinned to the CPU-friendly 2.13.0).
 VENV ?= .venv
+PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 EXTRAS := dev,ray,remote,hf,dedup,peers,lightning,hf-trainer,torchtitan
@@ -11,7 +12,8 @@ EXTRAS := dev,ray,remote,hf,dedup,peers,lightning,hf-trainer,torchtitan
 # Every version comes from constraints.txt: unpinned, pip's search over s3fs, aiobotocore, boto3
 # and fsspec against datasets' cap runs for many minutes and gives up (resolution-too-deep).
 $(STAMP): pyproject.toml constraints.txt
-	python3 -m venv $(VENV)
+	@$(PYTHON) scripts/check_python.py
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"

@@ -83,3 +83,26 @@ def test_the_image_installs_through_the_pins_but_triton() -> None:
     assert "COPY pyproject.toml README.md constraints.txt ./" in dockerfile
     assert "grep -v '^triton==' constraints.txt > /tmp/constraints.txt" in dockerfile
     assert 'pip install -c /tmp/constraints.txt ".[${EXTRAS}]"' in dockerfile
+
+
+def test_make_setup_refuses_a_python_too_old_for_the_pins_in_one_line() -> None:
+    """The pins need 3.11 (numpy 2.4, torchtitan, transformers): an older python3 is refused
+    before a venv is made, naming the version and the way out, not by pip's resolver."""
+    import importlib.util
+    import subprocess
+
+    spec = importlib.util.spec_from_file_location("check_python", ROOT / "scripts/check_python.py")
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.problem((3, 10, 14), "/usr/bin/python3") == (
+        "make setup needs Python 3.11 or newer (the pinned tools and frameworks of "
+        "constraints.txt); /usr/bin/python3 is Python 3.10.14: run `make setup "
+        "PYTHON=python3.11` (or newer)"
+    )
+    assert check.problem((3, 11, 0), "python3") is None
+    run = subprocess.run([sys.executable, str(ROOT / "scripts/check_python.py")], timeout=60)
+    assert run.returncode == 0
+    makefile = (ROOT / "Makefile").read_text()
+    setup = makefile[makefile.index("$(STAMP): pyproject.toml") :]
+    assert setup.index("scripts/check_python.py") < setup.index("-m venv")
