@@ -14,6 +14,7 @@ composer) is the backend's business; nothing here depends on it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import itertools
 import logging
@@ -91,9 +92,11 @@ class Production:
         self.verbose = verbose
         self.slots = backend.slots
         self.plan = Planner(self.slots, schedule, state, can_advance=can_advance)
-        # Forward seq -> the state before it, when its journal line could not be written:
-        # the slot's stream is past it, so it is made again from that state.
-        self._unjournaled: dict[int, dict[str, Any]] = {}
+        # Forward seq -> the states before and after it, when its journal line could not be
+        # written: the slot's stream is past it, so it is made again from the state before,
+        # and journaled with the state after of the production that moved the stream (a
+        # composer makes it again from its picks and has no state after to give).
+        self._unjournaled: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.busy: set[int] = set()  # slots with a job, or down until their restart
         self.running: set[int] = set()  # slots started
         self._disk_backoff_until = 0.0
@@ -237,7 +240,7 @@ class Production:
     async def _produce(self, slot: int, job: Job) -> None:
         seq = job.seq
         try:
-            state = self._unjournaled.get(seq) if not job.again else None
+            state = self._unjournaled[seq][0] if seq in self._unjournaled else None
             if job.again:
                 state = {}
                 if self.stateful:
@@ -274,7 +277,7 @@ class Production:
             if made.name:
                 await asyncio.to_thread((self.files_dir / made.name).unlink, missing_ok=True)
             if not job.again:
-                self._unjournaled[seq] = made.state_before
+                self._unjournaled.setdefault(seq, (made.state_before, made.state_after))
             self.plan.finished(job, slot, journaled=False)
             return
         self.plan.finished(job, slot, journaled=True)
@@ -293,6 +296,9 @@ class Production:
         self.kick()
 
     def _record(self, slot: int, job: Job, made: ProducedFile) -> Produced | Advanced:
+        if not job.again and job.seq in self._unjournaled:
+            before, after = self._unjournaled[job.seq]
+            made = dataclasses.replace(made, state_before=before, state_after=after)
         if not job.publish:
             return Advanced(job.seq, slot, made.state_before, made.state_after)
         return Produced(
