@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.small_disk import small_tmpfs
-from test_curriculum_server import NB, curriculum, dataset, take
+from test_curriculum_server import NB, curriculum, dataset, reference_run, take
 
 from conftest import skewed_corpus, wait_until
 from queue_client import QueueClient
@@ -40,10 +40,7 @@ def test_a_file_remade_after_its_journal_line_failed_resumes_from_its_snapshot(
 ) -> None:
     corpus = skewed_corpus(tmp_path / "corpus.txt", segments=400, seed=7)
     config = dataset("d", corpus, curriculum(1.0))
-    reference_server = start_server(config, data_root=tmp_path / "ref")
-    with QueueClient(reference_server.address, "d") as client:
-        reference = take(client, 3 * NB)
-    reference_server.kill()
+    reference = reference_run(start_server, config, tmp_path / "ref", 3 * NB)
 
     root = tmp_path / "root"
     journal = root / "d" / "journal" / "train.jsonl"

@@ -80,6 +80,15 @@ def take(client: QueueClient, n: int, split: str = "train") -> torch.Tensor:
     return torch.stack([client.get_batch(split)[0].clone() for _ in range(n)])
 
 
+def reference_run(start_server, config: str, root: Path, n: int) -> torch.Tensor:
+    """The first n batches of dataset d of `config` on an untroubled server of its own."""
+    server = start_server(config, data_root=root)
+    with QueueClient(server.address, "d") as client:
+        batches = take(client, n)
+    server.kill()
+    return batches
+
+
 def train_distribution(client: QueueClient, corpus: Path) -> np.ndarray:
     """The true distribution of the train split's ids (char_lm takes the first 90%)."""
     text = corpus.read_text(encoding="utf-8")
@@ -255,10 +264,7 @@ def test_two_ranks_get_each_batch_once_and_the_disk_stays_bounded(shared) -> Non
 def test_a_killed_server_resumes_the_curriculum_exactly(start_server, tmp_path: Path) -> None:
     corpus = skewed_corpus(tmp_path / "corpus.txt", segments=400, seed=7)
     config = dataset("d", corpus, curriculum(1.0))
-    reference_server = start_server(config, data_root=tmp_path / "ref")
-    with QueueClient(reference_server.address, "d") as client:
-        reference = take(client, 9 * NB)
-    reference_server.kill()
+    reference = reference_run(start_server, config, tmp_path / "ref", 9 * NB)
 
     root = tmp_path / "crash"
     server = start_server(config, data_root=root)
