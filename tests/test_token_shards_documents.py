@@ -153,3 +153,26 @@ def test_a_document_cut_by_a_shard_end_is_read_on_and_explained_where_it_lies(
             assert shards[where["file"]][where["token_offset"]] == ids[row, 0]
             continued += where["document"] == -1  # in the end of a document of the shard before
     assert continued > 0
+
+
+def test_a_dataset_built_when_cut_documents_came_in_pieces_is_refused_naming_reset(
+    tmp_path: Path,
+) -> None:
+    """Meta built by the order that served a cut document in two pieces (an epoch of the
+    files' windows) is refused: the files still to be made would follow another order."""
+    from queue_client.errors import MetaError
+    from queue_providers.prepare import main
+
+    docs = [f"doc {i:03d} " + "ab " * (i * 13 % 110) for i in range(50)]
+    (tmp_path / "c.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    out = tmp_path / "prep"
+    args = ["--input", str(tmp_path / "c.txt"), "--separator", "", "--out", str(out)]
+    assert main([*args, "--no-progress", "--shard-tokens", "1024"]) == 0
+    p, meta = provider(tmp_path, {"inputs": [str(out)]})
+    now = meta["split_info"]["train"]["windows"]
+    files = p.corpora["train"].n_windows  # what an epoch was before: the files' windows
+    assert files != now
+    old = {**meta, "split_info": {"train": {**meta["split_info"]["train"], "windows": files}}}
+    with pytest.raises(MetaError, match=rf"built with {files} windows .* give {now} .*reset docs"):
+        p.set_meta(old)
+    p.set_meta(meta)  # what it builds now is accepted

@@ -14,11 +14,12 @@ consecutive shards of the epoch's order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from queue_client.errors import ConfigError
+from queue_client.errors import ConfigError, MetaError
 from queue_providers.token_shards.corpus import CorpusIndex
 from queue_providers.token_shards.order import EpochOrder
 
@@ -145,6 +146,23 @@ class DocumentOrder:
         at = self.token_start[shard] + source
         files = np.searchsorted(self.token_start, at, side="right") - 1
         return files, at - self.token_start[files]
+
+
+def check_built_windows(meta: Mapping[str, Any], windows: Mapping[str, int], dataset: str) -> None:
+    """MetaError when meta, built earlier, gives an epoch of a split other windows than its
+    inputs give now: a dataset built when order = "documents" served a document cut at a
+    shard's end in two pieces (its epochs had the files' windows) would mix two orders."""
+    for split, info in meta.get("split_info", {}).items():
+        built = info.get("windows") if isinstance(info, Mapping) else None
+        if split in windows and isinstance(built, int) and built != windows[split]:
+            raise MetaError(
+                f"token_shards: dataset {dataset!r} was built with {built} windows in an epoch "
+                f"of split {split!r}, and its inputs now give {windows[split]} (order = "
+                '"documents" now packs a document cut at a shard\'s end whole, with the shard it '
+                "starts in): the files still to be made would follow another order than those "
+                f"made. Run `queue-server reset {dataset}` (it moves the dataset aside; nothing "
+                "is deleted) to build it again"
+            )
 
 
 IGNORE = -100

@@ -31,7 +31,12 @@ from queue_providers.remote import RemoteObject, store_for
 from queue_providers.seeding import derive_seed, randint_draws
 from queue_providers.token_shards.corpus import CorpusIndex
 from queue_providers.token_shards.discover import FORMATS, Found, discover
-from queue_providers.token_shards.documents import IGNORE, DocumentOrder, packed_fields
+from queue_providers.token_shards.documents import (
+    IGNORE,
+    DocumentOrder,
+    check_built_windows,
+    packed_fields,
+)
 from queue_providers.token_shards.order import EpochOrder
 from queue_providers.token_shards.shard import ShardReader
 
@@ -250,6 +255,11 @@ class TokenShardsProvider(DataProviderBase):
             shard, start = (column[at] for column in self._placed(split, seq))
         shards = self.corpora[split].shards
         return window_rows([s.shown for s in shards], [s.doc_starts for s in shards], shard, start)
+
+    def set_meta(self, meta: Mapping[str, Any]) -> None:
+        super().set_meta(meta)
+        windows = {split: self.epoch_windows(split) for split in self.corpora}
+        check_built_windows(meta, windows, self.context.dataset_name)
 
     def epoch_windows(self, split: str) -> int:
         """The windows one epoch of `split` serves: its documents' (order = "documents")."""
