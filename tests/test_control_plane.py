@@ -239,3 +239,20 @@ def test_a_store_started_afresh_gets_every_change_back_from_the_servers(
             assert len(history) == 3, history  # the config's, and both calls
     finally:
         stores[0].kill()
+
+
+def test_a_server_on_a_plane_stops_at_once_on_sigterm(start_server, tmp_path: Path) -> None:
+    """Its watcher waits up to a minute for the next record; a SIGTERM'd server still exits at
+    once (it used to linger until that wait ended, after logging that it stopped)."""
+    dirs = write_sources(tmp_path)
+    store = ControlStore(tmp_path / "store", subprocess_env())
+    try:
+        server = start_server(
+            mixture("mix", dirs), data_root=tmp_path / "a", args=node_args("0,1", store)
+        )
+        with QueueClient(server.address, "mix", rank=0, world_size=W) as client:
+            read(client, 1)  # the plane is connected and its watcher waits
+        server.stop(timeout_s=20)  # TimeoutError if it lingers
+        assert "stopped (exit code 0)" in server.log()
+    finally:
+        store.kill()

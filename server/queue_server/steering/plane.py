@@ -18,7 +18,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from queue_client import errors
@@ -28,6 +27,7 @@ from queue_server.journal.records import AlphaChange, MixtureChange, StepSkip
 from queue_server.mixture import changes as mixture_changes
 from queue_server.signal import Signal
 from queue_server.steering import skips
+from queue_server.steering.daemon_thread import DaemonThread
 from queue_server.steering.log import (
     ALPHA,
     CHANGES,
@@ -74,8 +74,8 @@ class SplitPlane:
         self._kick = kick
         self.server_id = uuid.uuid4().hex[:12]
         self.log: ControlLog | None = None
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="control-log")
-        self._watch_io = ThreadPoolExecutor(1, thread_name_prefix="control-watch")
+        self._io = DaemonThread("control-log")
+        self._watch_io = DaemonThread("control-watch")
         self._lock = asyncio.Lock()
         self.allowed_below = 0  # this server may make seqs below its latest claim
         self._wanted = -1
