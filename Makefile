@@ -5,25 +5,25 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-EXTRAS := dev,ray,remote,hf,dedup,peers,lightning,hf-trainer,torchtitan
 
 .PHONY: setup lock run test test-all test-image check lint types proto proto-check bench clean
 
-# Every version comes from constraints.txt: unpinned, pip's search over s3fs, aiobotocore, boto3
-# and fsspec against datasets' cap runs for many minutes and gives up (resolution-too-deep).
+# Every extra pyproject.toml declares, so every test runs on a fresh clone; every version from
+# constraints.txt: unpinned, pip's search over s3fs, aiobotocore, boto3 and fsspec against
+# datasets' cap runs for many minutes and gives up (resolution-too-deep).
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) scripts/check_python.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,text,ray,remote,hf,dedup,peers,lightning,hf-trainer,torchtitan]"
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 # After upgrading a package in .venv (pip install -U NAME): pin what is installed now.
 lock:
-	$(PY) scripts/lock_constraints.py --extras $(EXTRAS) > constraints.txt.new
+	$(PY) scripts/lock_constraints.py > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
 run: setup

@@ -1,5 +1,6 @@
-"""Write constraints.txt from what is installed: batchqueue's dependencies with the given extras,
-and theirs, each pinned to its installed version.
+"""Write constraints.txt from what is installed: batchqueue's dependencies with every extra
+pyproject.toml declares (as `make setup` installs them), and theirs, each pinned to its
+installed version.
 
 Why: a fresh `pip install -e ".[every extra]"` must search s3fs, aiobotocore, boto3 and fsspec
 releases against datasets' fsspec cap and gives up (resolution-too-deep); with every version
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as metadata
 import sys
+from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -66,9 +69,13 @@ def pinned_lines(root: str, extras: frozenset[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--extras", required=True, help="comma-separated, as make setup names them")
+    parser.add_argument("--extras", help="comma-separated (default: every extra of pyproject)")
     args = parser.parse_args(argv)
-    extras = frozenset(e.strip() for e in args.extras.split(",") if e.strip())
+    if args.extras is None:
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        extras = frozenset(tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"])
+    else:
+        extras = frozenset(e.strip() for e in args.extras.split(",") if e.strip())
     sys.stdout.write(HEADER + "".join(f"{line}\n" for line in pinned_lines("batchqueue", extras)))
     return 0
 
